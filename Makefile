@@ -1,0 +1,50 @@
+# Quick start: `make run` (serve on 127.0.0.1:8080) and `make test` (everything CI runs).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+
+.PHONY: run test lint format test-tools docs bench clean
+
+# `make .venv`: create the venv and install the project (editable) with its test extras.
+.venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: .venv
+	$(BIN)/vllm-use serve $(ARGS)
+
+# Test-only tools that are not Python packages: the MCP Inspector (npm, pinned by tools/package-lock.json).
+test-tools: tools/node_modules/.installed
+
+tools/node_modules/.installed: tools/package.json tools/package-lock.json
+	npm ci --prefix tools --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: .venv test-tools
+	$(BIN)/python -m pip install -q -e '.[test]'
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(ARGS)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+lint: .venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: .venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+docs: .venv
+	$(BIN)/python tools/gen_api_docs.py
+
+bench: .venv
+	$(BIN)/python tools/bench_auth.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info tools/node_modules

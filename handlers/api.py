@@ -1,0 +1,190 @@
+"""The admin HTTP surface `/api`: the S3.0 route table, one generic handler, methods, OpenAPI.
+
+Routes are data: each `Route` maps a verb and a path to a registry method and
+says where its arguments come from (path, declared query parameters, a JSON
+body). `RouteHandler` turns the request into `executor.call(...)` and the
+result into JSON; it never checks scopes or touches the database itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import tornado.web
+
+from handlers.base import JsonHandler
+from vllm_use.errors import InvalidArguments, PermissionDenied, VllmUseError
+from vllm_use.scopes import MethodScope, Scope, Surface
+
+
+@dataclass(frozen=True)
+class Route:
+    verb: str
+    path: str  # "/api/keys/{id}"
+    method: str  # registry name
+    status: int = 200
+    body: str | None = None  # None (no body), "object" (the arguments) or "field:<name>" (a JSON value)
+    query: tuple[str, ...] = ()
+
+    @property
+    def path_params(self) -> list[str]:
+        return re.findall(r"\{(\w+)\}", self.path)
+
+    @property
+    def pattern(self) -> str:
+        return re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", self.path) + "/?"
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/api/test", "test", body="object"),
+    Route("GET", "/api/system", "system.get"),
+    Route("GET", "/api/dashboard", "dashboard.get"),
+    Route("GET", "/api/mcp", "mcp.status"),
+    Route("GET", "/api/gpus", "gpu.list"),
+    Route("GET", "/api/keys", "api_keys.list"),
+    Route("POST", "/api/keys", "api_keys.create", status=201, body="object"),
+    Route("POST", "/api/keys/{id}/enable", "api_keys.enable"),
+    Route("POST", "/api/keys/{id}/disable", "api_keys.disable"),
+    Route("DELETE", "/api/keys/{id}", "api_keys.delete"),
+    Route("GET", "/api/settings", "settings.list"),
+    Route("PUT", "/api/settings", "settings.update", body="field:settings"),
+    Route("DELETE", "/api/settings/{key}", "settings.delete"),
+    Route("GET", "/api/requests/recent", "requests.recent", query=("limit",)),
+)
+
+# Not registry methods: listings of the registry itself, for admin.read.
+META_SCOPE = MethodScope(api=Scope.ADMIN_READ, mcp=None)
+
+
+def _coerce_query(annotation: Any, name: str, raw: str) -> Any:
+    """Query strings → the field's JSON type (the input models are strict)."""
+    base = typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+    if base is bool:
+        if raw not in ("true", "false"):
+            raise InvalidArguments(
+                f"invalid arguments: {name}: expected true or false", errors=[{"loc": [name]}]
+            )
+        return raw == "true"
+    if base is int:
+        if not re.fullmatch(r"-?[0-9]{1,18}", raw):
+            raise InvalidArguments(
+                f"invalid arguments: {name}: expected an integer", errors=[{"loc": [name]}]
+            )
+        return int(raw)
+    return raw
+
+
+@tornado.web.stream_request_body
+class RouteHandler(JsonHandler):
+    """Serves every verb of one path of the route table."""
+
+    def initialize(self, routes: dict[str, Route], **kwargs: Any) -> None:  # type: ignore[override]
+        super().initialize(**kwargs)
+        self.routes = routes
+
+    async def _dispatch(self, **path_args: str) -> None:
+        route = self.routes.get(self.request.method or "")
+        if route is None:
+            raise tornado.web.HTTPError(405)
+        try:
+            args = self._arguments(route, path_args)
+            result = await self.executor.call(route.method, args, self.identity, Surface.API)
+        except VllmUseError as exc:
+            self.fail(exc)
+            return
+        self.write_json(result, route.status)
+
+    def _arguments(self, route: Route, path_args: dict[str, str]) -> dict[str, Any]:
+        method = self.executor.registry.get(route.method)
+        assert method is not None, route.method
+        args: dict[str, Any] = {}
+        body = self.body
+        if route.body and body.strip():
+            try:
+                value = json.loads(body)
+            except (ValueError, UnicodeDecodeError):
+                raise InvalidArguments(
+                    "invalid arguments: the body is not valid JSON", errors=[{"loc": ["body"]}]
+                ) from None
+            if route.body == "object":
+                if not isinstance(value, dict):
+                    raise InvalidArguments(
+                        "invalid arguments: the body must be a JSON object", errors=[{"loc": ["body"]}]
+                    )
+                args.update(value)
+            else:
+                args[route.body.removeprefix("field:")] = value
+        elif body.strip():
+            raise InvalidArguments("invalid arguments: this route takes no body", errors=[{"loc": ["body"]}])
+        for name, values in self.request.query_arguments.items():
+            if name not in route.query:
+                raise InvalidArguments(
+                    f"invalid arguments: unknown query parameter {name!r}", errors=[{"loc": [name]}]
+                )
+            if len(values) != 1:
+                raise InvalidArguments(
+                    f"invalid arguments: {name} given more than once", errors=[{"loc": [name]}]
+                )
+            field = method.input.model_fields[name]
+            args[name] = _coerce_query(field.annotation, name, values[0].decode("utf-8", "replace"))
+        for name, value in path_args.items():
+            if name in args:
+                raise InvalidArguments(
+                    f"invalid arguments: {name} is given in the path", errors=[{"loc": [name]}]
+                )
+            args[name] = value
+        return args
+
+    get = post = put = delete = _dispatch
+
+
+@tornado.web.stream_request_body
+class MetaHandler(JsonHandler):
+    """`GET /api/methods` and `GET /api/openapi.json`."""
+
+    def initialize(self, document: str, **kwargs: Any) -> None:  # type: ignore[override]
+        super().initialize(**kwargs)
+        self.document = document
+
+    def get(self) -> None:
+        if self.identity is None or not self.identity.may_call(META_SCOPE, Surface.API):
+            self.fail(PermissionDenied("admin.read is required"))
+            return
+        if self.document == "openapi":
+            from handlers.openapi import openapi_document
+
+            self.write_json(openapi_document(self.executor.registry, ROUTES))
+        else:
+            self.write_json({"methods": describe_methods(self.executor.registry)})
+
+
+def describe_methods(registry: Any) -> list[dict[str, Any]]:
+    routes = {r.method: f"{r.verb} {r.path}" for r in ROUTES}
+    return [
+        {
+            "name": m.name,
+            "description": m.description,
+            "public": m.public,
+            "scope": {"api": m.scope.api, "mcp": m.scope.mcp},
+            "route": routes.get(m.name),
+            "input_schema": m.input_schema(),
+            "output_schema": m.output_schema(),
+        }
+        for m in registry
+    ]
+
+
+def default_handlers(common: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
+    by_path: dict[str, dict[str, Route]] = {}
+    for route in ROUTES:
+        by_path.setdefault(route.pattern, {})[route.verb] = route
+    handlers: list[tuple[str, type, dict[str, Any]]] = [
+        (r"/api/methods/?", MetaHandler, {"document": "methods", **common}),
+        (r"/api/openapi\.json", MetaHandler, {"document": "openapi", **common}),
+    ]
+    handlers += [(pattern, RouteHandler, {"routes": verbs, **common}) for pattern, verbs in by_path.items()]
+    return handlers

@@ -1,0 +1,393 @@
+"""The MCP endpoint `POST /mcp` (S3.2): revision 2026-07-28, stateless Streamable HTTP, JSON responses.
+
+One POST carries one JSON-RPC request (or notification); there is no
+`initialize` handshake and no session. Checks run in this order and the first
+failure answers:
+
+    prepare()  Origin / Sec-Fetch-Site ........ 403   (DNS rebinding, cross-site pages)
+               verb other than POST ........... 405
+               body size ...................... 413
+               Bearer credential for /mcp ..... 401 + WWW-Authenticate
+    post()     JSON parse ..................... 400  -32700
+               one JSON-RPC object ............ 400  -32600  (batches too)
+               MCP-Protocol-Version ........... 400  -32020 missing/repeated, -32022 any other value
+               Mcp-Method ..................... 400  -32020
+               notification ................... 202, no body
+               params._meta ................... 400  -32602 missing, -32020 version differs
+               method ......................... 404  -32601
+               params ......................... 400  -32602
+               Mcp-Name (tools/call) .......... 400  -32020
+               dispatch → result .............. 200
+
+HTTP statuses for JSON-RPC errors follow the SDK's table (`ERROR_STATUS`), so
+-32602 is a 400 wherever it comes from, "unknown tool" included. A tool that
+is unknown and one the caller's scopes do not allow get the same answer, and
+a registered tool's own failure is a `CallToolResult` with `isError: true`.
+
+Only the pure-pydantic `mcp_types` package is imported: the `mcp` server
+package pulls in Starlette and routes a missing header to the 2025 handshake.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import tornado.web
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    PROTOCOL_VERSION_META_KEY,
+    SERVER_INFO_META_KEY,
+    CallToolResult,
+    DiscoverResult,
+    Implementation,
+    ListToolsResult,
+    ServerCapabilities,
+    TextContent,
+    Tool,
+    ToolsCapability,
+    UnsupportedProtocolVersionErrorData,
+)
+from mcp_types import methods as mcp_methods
+from mcp_types.jsonrpc import (
+    HEADER_MISMATCH,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    UNSUPPORTED_PROTOCOL_VERSION,
+    JSONRPCNotification,
+    JSONRPCRequest,
+)
+from pydantic import BaseModel, ValidationError
+
+from handlers.base import JsonHandler
+from vllm_use import __version__
+from vllm_use.errors import NotFound, PayloadTooLarge, PermissionDenied, VllmUseError
+from vllm_use.scopes import Surface
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = "2026-07-28"
+DISCOVER_TTL_MS = 300_000  # versions and capabilities only change with a new release
+TOOLS_TTL_MS = 60_000  # the list depends on the key's scopes; "private" keeps it per caller
+INSTRUCTIONS = (
+    "vllm-use runs a local vLLM server: start with system.get or dashboard.get, manage models and "
+    "downloads with models.* and downloads.*, run vLLM with runtime.*, and administer keys and "
+    "settings with api_keys.* and settings.*; only the tools your key may call are listed."
+)
+SERVER_INFO = Implementation(name="vllm-use", version=__version__).model_dump(
+    by_alias=True, mode="json", exclude_none=True
+)
+
+ERROR_STATUS = {
+    PARSE_ERROR: 400,
+    INVALID_REQUEST: 400,
+    INVALID_PARAMS: 400,
+    HEADER_MISMATCH: 400,
+    UNSUPPORTED_PROTOCOL_VERSION: 400,
+    METHOD_NOT_FOUND: 404,
+}
+
+_SENTINEL = re.compile(r"=\?base64\?(?P<payload>.*)\?=", re.DOTALL)
+_HEADER_TEXT = re.compile(r"[\x20-\x7e]*")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_INTERNAL = "internal error (see the server log)"
+
+
+class RpcError(Exception):
+    """A JSON-RPC error answer; its HTTP status comes from `ERROR_STATUS`."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+def origin_key(value: str) -> str | None:
+    """`scheme://host[:port]` lowercased with the default port dropped; None if not an http(s) origin."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname
+    if parts.scheme not in _DEFAULT_PORTS or not host or parts.path or parts.query or parts.fragment:
+        return None
+    if parts.username is not None or parts.password is not None:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return (
+        f"{parts.scheme}://{host}"
+        if port in (None, _DEFAULT_PORTS[parts.scheme])
+        else f"{parts.scheme}://{host}:{port}"
+    )
+
+
+def decode_header_value(value: str) -> str | None:
+    """A plain visible-ASCII value as is, or the UTF-8 text inside `=?base64?…?=`.
+
+    None for anything else (control or non-ASCII bytes, bad or non-canonical
+    base64, bad UTF-8) so that a corrupt header can never match a body value.
+    """
+    match = _SENTINEL.fullmatch(value)
+    if match is None:
+        return value if _HEADER_TEXT.fullmatch(value) else None
+    payload = match.group("payload")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+        if base64.b64encode(raw).decode("ascii") != payload:
+            return None
+        return raw.decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _result(model: BaseModel) -> dict[str, Any]:
+    """Every result: `resultType: "complete"` (the models' default) and our serverInfo stamp."""
+    data = model.model_dump(by_alias=True, mode="json", exclude_none=True)
+    data["resultType"] = "complete"
+    data.setdefault("_meta", {})[SERVER_INFO_META_KEY] = SERVER_INFO
+    return data
+
+
+def _validation_message(exc: ValidationError) -> str:
+    """Field paths and pydantic's messages only: values sent by the client are never echoed."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "params"
+    return f"Invalid params: {where}: {first['msg']}"
+
+
+def _parse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+@tornado.web.stream_request_body
+class McpHandler(JsonHandler):
+    """`POST /mcp`. Runs on the IOLoop; tool work goes through `Executor.call`."""
+
+    surface = Surface.MCP
+
+    async def prepare(self) -> None:
+        if not self._origin_allowed():
+            self.fail(PermissionDenied("this Origin may not use /mcp (see --trusted-origins)"))
+            return
+        if self.request.method != "POST":
+            self.send_error(405)
+            return
+        await super().prepare()  # body size (413), then the Bearer credential (401)
+
+    def _origin_allowed(self) -> bool:
+        """No Origin and not `Sec-Fetch-Site: cross-site` → allowed; else our own or a trusted origin only."""
+        origins = self.request.headers.get_list("Origin")
+        cross_site = any(
+            v.strip().lower() == "cross-site" for v in self.request.headers.get_list("Sec-Fetch-Site")
+        )
+        if not origins and not cross_site:
+            return True
+        if len(origins) != 1:
+            return False
+        origin = origin_key(origins[0])
+        if origin is None:
+            return False
+        own = origin_key(f"{self.request.protocol}://{self.request.host}")
+        trusted = {origin_key(o) for o in self.app.config.trusted_origins}
+        return origin == own or origin in trusted
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        if status_code == 405:
+            self.set_header("Allow", "POST")
+        super().write_error(status_code, **kwargs)
+
+    # --- the exchange ----------------------------------------------------------------------------
+
+    async def post(self) -> None:
+        try:
+            body = self.body
+        except PayloadTooLarge as exc:
+            self.fail(exc)
+            return
+        request_id: Any = None
+        try:
+            message = self._message(body)
+            request_id = message.get("id")
+            self._check_routing_headers(message["method"])
+            if "id" not in message:
+                # 2026-07-28 defines no client-to-server notifications on HTTP: accept and drop.
+                self.set_status(202)
+                self.clear_header("Content-Type")
+                self.finish()
+                return
+            result = await self._dispatch(message["method"], message.get("params"))
+        except RpcError as err:
+            self._write_rpc_error(request_id, err)
+            return
+        self.write_json({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+    def _message(self, body: bytes) -> dict[str, Any]:
+        """The one JSON-RPC request or notification in the body (-32700, -32600)."""
+        try:
+            decoded = json.loads(body, parse_constant=_parse_constant)
+        except (ValueError, RecursionError):
+            raise RpcError(PARSE_ERROR, "Parse error: the body is not valid JSON") from None
+        if not isinstance(decoded, dict):
+            raise RpcError(
+                INVALID_REQUEST, "Invalid request: send one JSON-RPC object (batches are not supported)"
+            )
+        try:
+            if "id" in decoded:
+                JSONRPCRequest.model_validate(decoded)
+            else:
+                JSONRPCNotification.model_validate(decoded)
+        except ValidationError:
+            raise RpcError(
+                INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 request or notification"
+            ) from None
+        return decoded
+
+    def _one_header(self, name: str) -> str | None:
+        values = self.request.headers.get_list(name)
+        return values[0] if len(values) == 1 else None
+
+    def _check_routing_headers(self, method: str) -> None:
+        """Exactly one `MCP-Protocol-Version: 2026-07-28` and one `Mcp-Method` equal to the body's."""
+        versions = self.request.headers.get_list("MCP-Protocol-Version")
+        if len(versions) != 1:
+            raise RpcError(
+                HEADER_MISMATCH,
+                "Header mismatch: send exactly one MCP-Protocol-Version header; "
+                f"this server speaks {PROTOCOL_VERSION}",
+            )
+        if versions[0] != PROTOCOL_VERSION:
+            data = UnsupportedProtocolVersionErrorData(supported=[PROTOCOL_VERSION], requested=versions[0])
+            raise RpcError(
+                UNSUPPORTED_PROTOCOL_VERSION,
+                f"Unsupported protocol version: this server supports only {PROTOCOL_VERSION}",
+                data.model_dump(by_alias=True, mode="json"),
+            )
+        if self._one_header("Mcp-Method") != method:
+            raise RpcError(
+                HEADER_MISMATCH, "Header mismatch: send exactly one Mcp-Method header equal to the method"
+            )
+
+    def _check_meta(self, params: Any) -> None:
+        """`params._meta` carries the protocol version (equal to the header) and the client capabilities."""
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if (
+            not isinstance(meta, dict)
+            or not {PROTOCOL_VERSION_META_KEY, CLIENT_CAPABILITIES_META_KEY} <= meta.keys()
+        ):
+            raise RpcError(
+                INVALID_PARAMS,
+                f"Invalid params: params._meta must be an object with {PROTOCOL_VERSION_META_KEY!r} and "
+                f"{CLIENT_CAPABILITIES_META_KEY!r}",
+            )
+        if meta[PROTOCOL_VERSION_META_KEY] != PROTOCOL_VERSION:
+            raise RpcError(
+                HEADER_MISMATCH,
+                f"Header mismatch: params._meta[{PROTOCOL_VERSION_META_KEY!r}] "
+                "differs from the MCP-Protocol-Version header",
+            )
+
+    async def _dispatch(self, method: str, params: Any) -> dict[str, Any]:
+        self._check_meta(params)
+        serve = self._METHODS.get(method)
+        if serve is None:
+            raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method[:100]}")
+        try:
+            request = mcp_methods.parse_client_request(method, PROTOCOL_VERSION, params)
+        except ValidationError as exc:
+            raise RpcError(INVALID_PARAMS, _validation_message(exc)) from None
+        return await serve(self, request.params)
+
+    # --- methods ---------------------------------------------------------------------------------
+
+    async def _discover(self, params: Any) -> dict[str, Any]:
+        return _result(
+            DiscoverResult(
+                supported_versions=[PROTOCOL_VERSION],
+                capabilities=ServerCapabilities(tools=ToolsCapability(list_changed=False)),
+                instructions=INSTRUCTIONS,
+                ttl_ms=DISCOVER_TTL_MS,
+                cache_scope="private",
+            )
+        )
+
+    async def _list_tools(self, params: Any) -> dict[str, Any]:
+        if params is not None and params.cursor is not None:
+            raise RpcError(INVALID_PARAMS, "Invalid params: unknown cursor (the list has one page)")
+        tools = [
+            Tool(
+                name=m.name,
+                description=m.description,
+                input_schema=m.input_schema(),
+                output_schema=m.output_schema(),
+            )
+            for m in self.executor.visible(self.identity, Surface.MCP)
+        ]
+        return _result(ListToolsResult(tools=tools, ttl_ms=TOOLS_TTL_MS, cache_scope="private"))
+
+    async def _call_tool(self, params: Any) -> dict[str, Any]:
+        name: str = params.name
+        mcp_name = self._one_header("Mcp-Name")
+        if mcp_name is None or decode_header_value(mcp_name) != name:
+            raise RpcError(
+                HEADER_MISMATCH, "Header mismatch: send exactly one Mcp-Name header equal to params.name"
+            )
+        unknown = RpcError(INVALID_PARAMS, f"Unknown tool: {name[:200]}")
+        try:
+            result = await self.executor.call(name, params.arguments, self.identity, Surface.MCP)
+        except PermissionDenied:
+            raise unknown from None  # the same answer as an unknown tool: do not tell which
+        except VllmUseError as exc:
+            if isinstance(exc, NotFound) and self.executor.registry.get(name) is None:
+                raise unknown from None
+            return _result(
+                CallToolResult(
+                    content=[TextContent(type="text", text=f"{exc.code}: {exc.message}")],
+                    structured_content=exc.to_json(),
+                    is_error=True,
+                )
+            )
+        except Exception:
+            log.exception("tool %s failed", name)
+            return _result(
+                CallToolResult(
+                    content=[TextContent(type="text", text=f"internal_error: {_INTERNAL}")],
+                    structured_content={"error": {"code": "internal_error", "message": _INTERNAL}},
+                    is_error=True,
+                )
+            )
+        return _result(
+            CallToolResult(
+                content=[TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
+                structured_content=result,
+            )
+        )
+
+    _METHODS: dict[str, Callable[[McpHandler, Any], Awaitable[dict[str, Any]]]] = {
+        "server/discover": _discover,
+        "tools/list": _list_tools,
+        "tools/call": _call_tool,
+    }
+
+    # --- errors ----------------------------------------------------------------------------------
+
+    def _write_rpc_error(self, request_id: Any, err: RpcError) -> None:
+        error: dict[str, Any] = {"code": err.code, "message": err.message}
+        if err.data is not None:
+            error["data"] = err.data
+        status = ERROR_STATUS.get(err.code, 200)
+        log.warning("POST /mcp -> %d jsonrpc error %d", status, err.code)
+        self.write_json({"jsonrpc": "2.0", "id": request_id, "error": error}, status)
+
+
+def default_handlers(common: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
+    return [(r"/mcp", McpHandler, common)]

@@ -1,0 +1,127 @@
+"""`GET /api/openapi.json`: OpenAPI 3.1 generated from the registry and the route table.
+
+Input and output models are emitted once under `components/schemas` (pydantic
+writes them with `$ref`s there); each operation takes its path and query
+parameters and its body from the method's input model, so the document cannot
+drift from what the handler validates.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from vllm_use import __version__
+from vllm_use.registry import Registry
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+        }
+    },
+}
+ERROR_STATUSES = {
+    "400": "Invalid arguments (the field path is in error.errors[].loc)",
+    "401": "Missing or invalid credentials",
+    "403": "The credential lacks the scope this method needs",
+    "404": "Unknown resource",
+    "409": "Lifecycle conflict",
+    "413": "Body too large",
+    "500": "Internal error",
+}
+REF = "#/components/schemas/{model}"
+
+
+def openapi_document(registry: Registry, routes: tuple[Any, ...]) -> dict[str, Any]:
+    return copy.deepcopy(_build(registry, routes))
+
+
+@cache
+def _build(registry: Registry, routes: tuple[Any, ...]) -> dict[str, Any]:
+    methods = {m.name: m for m in registry}
+    models = [(m.input, "validation") for m in methods.values()]
+    models += [(m.output, "serialization") for m in methods.values()]
+    refs, defs = models_json_schema(models, ref_template=REF)
+    schemas = dict(defs.get("$defs", {}))
+    schemas["Error"] = ERROR_SCHEMA
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        method = methods[route.method]
+        input_schema = schemas[refs[(method.input, "validation")]["$ref"].rsplit("/", 1)[1]]
+        properties = input_schema.get("properties", {})
+        required = set(input_schema.get("required", []))
+        params = [
+            {"name": name, "in": "path", "required": True, "schema": properties[name]}
+            for name in route.path_params
+        ]
+        params += [
+            {"name": name, "in": "query", "required": name in required, "schema": properties[name]}
+            for name in route.query
+        ]
+        operation: dict[str, Any] = {
+            "operationId": route.method.replace(".", "_"),
+            "summary": method.name,
+            "description": method.description,
+            "parameters": params,
+            "responses": {
+                str(route.status): {
+                    "description": "Success",
+                    "content": {"application/json": {"schema": refs[(method.output, "serialization")]}},
+                },
+                **{
+                    code: {
+                        "description": text,
+                        "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
+                    }
+                    for code, text in ERROR_STATUSES.items()
+                },
+            },
+        }
+        if route.body:
+            taken = set(route.path_params) | set(route.query)
+            if route.body == "object":
+                body_schema = {
+                    "type": "object",
+                    "properties": {k: v for k, v in properties.items() if k not in taken},
+                    "required": sorted(required - taken),
+                    "additionalProperties": False,
+                }
+                body_required = bool(required - taken)
+            else:
+                body_schema = properties[route.body.removeprefix("field:")]
+                body_required = True
+            operation["requestBody"] = {
+                "required": body_required,
+                "content": {"application/json": {"schema": body_schema}},
+            }
+        paths.setdefault(route.path, {})[route.verb.lower()] = operation
+    meta_response = {
+        "description": "Success",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+    for path, summary in (("/api/methods", "The method registry"), ("/api/openapi.json", "This document")):
+        paths[path] = {
+            "get": {
+                "operationId": "meta_" + path.rsplit("/", 1)[1].replace(".", "_"),
+                "summary": summary,
+                "responses": {"200": meta_response, "401": {"description": ERROR_STATUSES["401"]}},
+            }
+        }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "vllm-use admin API", "version": __version__},
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+        "paths": paths,
+    }

@@ -1,0 +1,64 @@
+"""`GET /healthz` and the web console: static files with the SPA fallback to index.html.
+
+Every GET that is not /api, /mcp or /v1 serves the console; an unknown path
+gets `index.html` so client-side routes survive a reload. `index.html` is never
+cached (it names the assets); other assets may be.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import tornado.web
+
+import vllm_use
+
+
+def static_dir() -> Path:
+    """`vllm_use/static` in an installed wheel, `<repo>/static` in a checkout."""
+    here = Path(vllm_use.__file__).resolve().parent
+    for candidate in (here / "static", here.parent / "static"):
+        if (candidate / "index.html").is_file():
+            return candidate
+    raise RuntimeError("the console's static files are missing (static/index.html)")
+
+
+class HealthHandler(tornado.web.RequestHandler):
+    """Liveness only, no auth."""
+
+    def set_default_headers(self) -> None:
+        self.set_header("Cache-Control", "no-store")
+
+    def get(self) -> None:
+        self.write({"status": "ok"})
+
+
+class ConsoleHandler(tornado.web.StaticFileHandler):
+    """Static files under static/, falling back to index.html for unknown paths."""
+
+    def initialize(self, path: str, default_filename: str | None = "index.html", **kwargs: Any) -> None:
+        super().initialize(path=path, default_filename=default_filename)
+
+    async def get(self, path: str, include_body: bool = True) -> None:
+        full = os.path.join(self.root, path)
+        if not path or not os.path.isfile(full) or os.path.islink(full):
+            path = "index.html"
+        await super().get(path, include_body)
+
+    def set_extra_headers(self, path: str) -> None:
+        self.set_header("X-Content-Type-Options", "nosniff")
+        if path.endswith(".html"):
+            self.set_header("Cache-Control", "no-cache")
+
+    @classmethod
+    def get_cache_time(cls, path: str, modified: Any, mime_type: str) -> int:
+        return 0
+
+
+def default_handlers() -> list[tuple[str, type, dict[str, Any]]]:
+    return [
+        (r"/healthz", HealthHandler, {}),
+        (r"/(.*)", ConsoleHandler, {"path": str(static_dir())}),
+    ]

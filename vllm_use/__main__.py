@@ -1,0 +1,3 @@
+from vllm_use.cli import main
+
+raise SystemExit(main())

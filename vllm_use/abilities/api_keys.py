@@ -1,0 +1,197 @@
+"""`api_keys.*` (S4.5): create (secret shown once), list, enable, disable, delete.
+
+Ids are validated by the input model before any query. Every mutation calls
+`auth.forget(id)` before its write, so the very next request sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints
+
+from vllm_use import keys
+from vllm_use.context import Call
+from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
+from vllm_use.registry import Args, NoArgs, Registry, Result
+from vllm_use.scopes import ADMIN_WRITE, KEYS_READ
+from vllm_use.storage import ApiKey, now_ms
+
+ScopeName = Literal[
+    "admin.read", "admin.write", "mcp.read", "mcp.models", "mcp.runtime", "mcp.admin", "inference"
+]
+KeyId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]{24}$")]
+KeyName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=keys.NAME_MAX_BYTES),
+    Field(description="1 to 128 UTF-8 bytes, no control characters"),
+]
+
+
+class CreateArgs(Args):
+    name: KeyName
+    scopes: list[ScopeName] = Field(min_length=1, max_length=7, description="distinct scopes")
+
+
+class IdArgs(Args):
+    id: KeyId
+
+
+class KeyInfo(Result):
+    id: str
+    name: str
+    prefix: str
+    scopes: list[ScopeName]
+    enabled: bool
+    created_at: str
+    last_used_at: str | None
+
+
+class ListedKey(Result):
+    """A key as listed; a corrupt row is shown as not usable with the problem, never as a key."""
+
+    id: str
+    name: str | None
+    prefix: str | None
+    scopes: list[ScopeName]
+    enabled: bool
+    created_at: str | None
+    last_used_at: str | None
+    usable: bool
+    problem: str | None
+
+
+class Created(Result):
+    key: KeyInfo
+    secret: str = Field(pattern=r"^vu_[A-Za-z0-9]{48}$")
+
+
+class KeyResult(Result):
+    key: KeyInfo
+
+
+class KeyList(Result):
+    keys: list[ListedKey]
+
+
+class Deleted(Result):
+    deleted: str
+
+
+def _insert(record: dict[str, Any]) -> None:
+    ApiKey.insert(**record).execute()
+
+
+def _all_rows() -> list[dict[str, Any]]:
+    db = ApiKey._meta.database
+    cursor = db.execute_sql("SELECT * FROM api_keys ORDER BY created_at, id")
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _one_row(key_id: str) -> dict[str, Any] | None:
+    db = ApiKey._meta.database
+    cursor = db.execute_sql("SELECT * FROM api_keys WHERE id = ?", (key_id,))
+    names = [d[0] for d in cursor.description]
+    row = cursor.fetchone()
+    return dict(zip(names, row, strict=True)) if row else None
+
+
+def _set_enabled(key_id: str, enabled: bool) -> dict[str, Any] | None:
+    ApiKey.update(enabled=int(enabled)).where(ApiKey.id == key_id).execute()
+    return _one_row(key_id)
+
+
+def _delete(key_id: str) -> int:
+    return ApiKey.delete().where(ApiKey.id == key_id).execute()
+
+
+def _listed(row: dict[str, Any], call: Call) -> dict[str, Any]:
+    try:
+        record = keys.parse_row(row)
+    except CorruptRecord as exc:
+        raw_id = row.get("id")
+        return {
+            "id": raw_id if isinstance(raw_id, str) and keys.ID_RE.fullmatch(raw_id) else "<malformed>",
+            "name": None,
+            "prefix": None,
+            "scopes": [],
+            "enabled": False,
+            "created_at": None,
+            "last_used_at": None,
+            "usable": False,
+            "problem": exc.message,
+        }
+    return {
+        **record.public(call.app.auth.pending_last_used(record.id)),
+        "usable": record.enabled,
+        "problem": None,
+    }
+
+
+async def _mutate_enabled(call: Call, key_id: str, enabled: bool) -> dict[str, Any]:
+    call.app.auth.forget(key_id)
+    row = await call.app.db.run(_set_enabled, key_id, enabled)
+    if row is None:
+        raise NotFound(f"no api key with id {key_id}")
+    record = keys.parse_row(row)
+    return {"key": record.public(call.app.auth.pending_last_used(key_id))}
+
+
+def register(registry: Registry) -> None:
+    @registry.method(
+        "api_keys.create",
+        "Create an API key with scopes. The secret is returned once, here, and never again.",
+        CreateArgs,
+        Created,
+        ADMIN_WRITE,
+    )
+    async def create(call: Call, args: CreateArgs) -> dict[str, Any]:
+        keys.validate_name(args.name)
+        if len(set(args.scopes)) != len(args.scopes):
+            raise InvalidArguments(
+                "scopes must be distinct", errors=[{"loc": ["scopes"], "msg": "duplicate scope"}]
+            )
+        secret, key_id, salt = keys.new_secret(), keys.new_key_id(), secrets.token_bytes(keys.SALT_LEN)
+        digest = await call.app.auth.derive(secret, salt)
+        record = {
+            "id": key_id,
+            "name": args.name,
+            "prefix": secret[: keys.PREFIX_LEN],
+            "salt": salt.hex(),
+            "hash": digest.hex(),
+            "enabled": 1,
+            "scopes": json.dumps(list(args.scopes)),
+            "created_at": now_ms(),
+            "last_used_at": None,
+        }
+        await call.app.db.run(_insert, record)
+        return {"key": keys.parse_row(record).public(), "secret": secret}
+
+    @registry.method("api_keys.list", "List API keys (never their secrets).", NoArgs, KeyList, KEYS_READ)
+    async def list_keys(call: Call, args: NoArgs) -> dict[str, Any]:
+        rows = await call.app.db.run(_all_rows)
+        return {"keys": [_listed(row, call) for row in rows]}
+
+    @registry.method("api_keys.enable", "Enable an API key.", IdArgs, KeyResult, ADMIN_WRITE)
+    async def enable(call: Call, args: IdArgs) -> dict[str, Any]:
+        return await _mutate_enabled(call, args.id, True)
+
+    @registry.method(
+        "api_keys.disable",
+        "Disable an API key; the next request with it is refused.",
+        IdArgs,
+        KeyResult,
+        ADMIN_WRITE,
+    )
+    async def disable(call: Call, args: IdArgs) -> dict[str, Any]:
+        return await _mutate_enabled(call, args.id, False)
+
+    @registry.method("api_keys.delete", "Delete an API key for good.", IdArgs, Deleted, ADMIN_WRITE)
+    async def delete(call: Call, args: IdArgs) -> dict[str, Any]:
+        call.app.auth.forget(args.id)
+        if not await call.app.db.run(_delete, args.id):
+            raise NotFound(f"no api key with id {args.id}")
+        return {"deleted": args.id}

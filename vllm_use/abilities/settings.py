@@ -1,0 +1,133 @@
+"""`settings.*` (S4.6): non-sensitive key/value settings, all-or-nothing updates.
+
+A key that looks like a secret (see `vllm_use.sensitive`) is refused: credentials
+come only from flags and env. Bounds: key 1–128 characters, value ≤ 8192
+characters, ≤ 256 settings per update, no control characters.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Annotated, Any
+
+from pydantic import Field, StringConstraints, field_validator
+
+from vllm_use.context import Call
+from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
+from vllm_use.keys import iso
+from vllm_use.registry import Args, NoArgs, Registry, Result
+from vllm_use.scopes import ADMIN_WRITE, READ
+from vllm_use.sensitive import is_sensitive_key
+from vllm_use.storage import Setting, now_ms
+
+KEY_MAX, VALUE_MAX, BATCH_MAX = 128, 8192, 256
+SettingKey = Annotated[str, StringConstraints(min_length=1, max_length=KEY_MAX)]
+SettingValue = Annotated[str, StringConstraints(max_length=VALUE_MAX)]
+
+
+def _no_control(value: str) -> str:
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise ValueError("control characters are not allowed")
+    return value
+
+
+class SettingItem(Args):
+    key: SettingKey
+    value: SettingValue
+
+    _check = field_validator("key", "value")(classmethod(lambda cls, v: _no_control(v)))
+
+
+class UpdateArgs(Args):
+    settings: list[SettingItem] = Field(min_length=1, max_length=BATCH_MAX)
+
+
+class KeyArgs(Args):
+    key: SettingKey
+
+
+class SettingOut(Result):
+    key: str
+    value: str
+    updated_at: str
+
+
+class SettingList(Result):
+    settings: list[SettingOut]
+
+
+class Deleted(Result):
+    deleted: str
+
+
+def _read_all() -> list[dict[str, Any]]:
+    db = Setting._meta.database
+    cursor = db.execute_sql("SELECT key, value, updated_at FROM settings ORDER BY key")
+    return [_validated(key, value, updated) for key, value, updated in cursor.fetchall()]
+
+
+def _validated(key: Any, value: Any, updated: Any) -> dict[str, Any]:
+    """Rows are untrusted: a bad one fails the request, never a partial list."""
+    ok = (
+        isinstance(key, str)
+        and 0 < len(key) <= KEY_MAX
+        and isinstance(value, str)
+        and len(value) <= VALUE_MAX
+        and type(updated) is int
+        and updated > 0
+    )
+    if not ok or is_sensitive_key(key) or any(unicodedata.category(c) == "Cc" for c in key + value):
+        name = key[:KEY_MAX] if isinstance(key, str) else "<not text>"
+        raise CorruptRecord(f"setting record {name!r} is corrupt", record=name)
+    return {"key": key, "value": value, "updated_at": iso(updated)}
+
+
+def _upsert(items: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    db = Setting._meta.database
+    stamp = now_ms()
+    with db.atomic():
+        for key, value in items:
+            Setting.insert(key=key, value=value, updated_at=stamp).on_conflict_replace().execute()
+    return _read_all()
+
+
+def _delete(key: str) -> int:
+    return Setting.delete().where(Setting.key == key).execute()
+
+
+def register(registry: Registry) -> None:
+    @registry.method("settings.list", "List settings (never secrets).", NoArgs, SettingList, READ)
+    async def list_settings(call: Call, args: NoArgs) -> dict[str, Any]:
+        return {"settings": await call.app.db.run(_read_all)}
+
+    @registry.method(
+        "settings.update",
+        "Set several settings at once, all or nothing. Keys that look like secrets are refused.",
+        UpdateArgs,
+        SettingList,
+        ADMIN_WRITE,
+    )
+    async def update(call: Call, args: UpdateArgs) -> dict[str, Any]:
+        errors, seen = [], set()
+        for i, item in enumerate(args.settings):
+            if is_sensitive_key(item.key):
+                errors.append(
+                    {
+                        "loc": ["settings", i, "key"],
+                        "msg": "looks like a secret; pass credentials as flags/env",
+                    }
+                )
+            elif item.key in seen:
+                errors.append({"loc": ["settings", i, "key"], "msg": "key given twice"})
+            seen.add(item.key)
+        if errors:
+            raise InvalidArguments(
+                f"invalid arguments: settings.{errors[0]['loc'][1]}.key: {errors[0]['msg']}", errors=errors
+            )
+        return {"settings": await call.app.db.run(_upsert, [(s.key, s.value) for s in args.settings])}
+
+    @registry.method("settings.delete", "Delete one setting.", KeyArgs, Deleted, ADMIN_WRITE)
+    async def delete(call: Call, args: KeyArgs) -> dict[str, Any]:
+        if not await call.app.db.run(_delete, args.key):
+            raise NotFound(f"no setting {args.key!r}")
+        return {"deleted": args.key}

@@ -1,0 +1,113 @@
+"""Wiring: build the context from a Config, the Tornado Application, and run until a signal.
+
+Start-up order (everything validated before listening): directories made safe
+→ admin token → SQLite opened and migrated → registry → listen. Shutdown on
+SIGTERM/SIGINT: stop accepting, let in-flight requests finish briefly, flush
+coalesced key usage, close SQLite, exit 0 (non-zero if a final state could not
+be persisted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import signal
+from typing import Any
+
+import tornado.httpserver
+import tornado.web
+from tornado.ioloop import PeriodicCallback
+
+from handlers import api, mcp, static
+from handlers.base import NotFoundJson
+from vllm_use import fsafety
+from vllm_use.abilities import build_registry
+from vllm_use.auth import FLUSH_S, Authenticator
+from vllm_use.config import Config
+from vllm_use.context import AppContext
+from vllm_use.executor import Executor
+from vllm_use.storage import Database
+
+log = logging.getLogger(__name__)
+SHUTDOWN_GRACE_S = 3.0
+# Bodies over a handler's cap are drained (and dropped) up to this, so clients read the 413;
+# beyond it Tornado itself answers 400 and closes.
+MAX_BODY_DRAINED = 64 * 1024 * 1024
+
+
+def admin_token(config: Config) -> str:
+    """The configured token, else `<data-dir>/admin-token` (created 0600 exclusively on first start)."""
+    if config.admin_token:
+        log.info("admin token: taken from --admin-token / VLLM_USE_ADMIN_TOKEN")
+        return config.admin_token
+    path = config.admin_token_file
+    if not path.exists() and not path.is_symlink():
+        fsafety.create_secret_file(path, "vua_" + secrets.token_urlsafe(32), option="--data-dir")
+        log.info("admin token: created %s (mode 0600); read it from there", path)
+    else:
+        log.info("admin token: %s", path)
+    return fsafety.read_secret_file(path, option="--data-dir")
+
+
+def build_context(config: Config) -> AppContext:
+    """Synchronous start-up work; raises ConfigError before anything listens."""
+    fsafety.secure_dir(config.data_dir, option="--data-dir")
+    fsafety.secure_dir(config.models_dir, option="--models-dir")
+    if config.hf_cache_dir:
+        fsafety.secure_dir(config.hf_cache_dir, option="--hf-cache-dir")
+    token = admin_token(config)
+    db = Database(config.db_path)
+    db.open()
+    auth = Authenticator(db, token)
+    return AppContext(config=config, db=db, auth=auth, registry=build_registry())
+
+
+def make_app(app: AppContext) -> tornado.web.Application:
+    executor = Executor(app.registry, app)
+    common: dict[str, Any] = {"app": app, "executor": executor}
+    handlers: list[Any] = []
+    handlers += api.default_handlers(common)
+    handlers += mcp.default_handlers(common)
+    # /api, /mcp and /v1 never fall back to the console.
+    handlers += [(r"/(?:api|v1)(?:/.*)?", NotFoundJson, common), (r"/mcp/.+", NotFoundJson, common)]
+    handlers += static.default_handlers()
+    return tornado.web.Application(handlers, xheaders=False, compress_response=False)
+
+
+async def run(app: AppContext) -> int:
+    """Serve until SIGTERM/SIGINT, then shut down cleanly. Returns the exit status."""
+    config = app.config
+    server = tornado.httpserver.HTTPServer(
+        make_app(app), max_body_size=MAX_BODY_DRAINED, idle_connection_timeout=60
+    )
+    server.listen(config.port, address=config.host)
+    log.info("vllm-use listening on http://%s:%d", config.host, config.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    flusher = PeriodicCallback(app.auth.flush_last_used, FLUSH_S * 1000)
+    flusher.start()
+    await stop.wait()
+    log.info("shutting down")
+    flusher.stop()
+    server.stop()
+    try:
+        await asyncio.wait_for(server.close_all_connections(), SHUTDOWN_GRACE_S)
+    except TimeoutError:
+        log.warning("some connections did not close within %.0f s", SHUTDOWN_GRACE_S)
+    return shutdown(app)
+
+
+def shutdown(app: AppContext) -> int:
+    status = 0
+    try:
+        app.auth.flush_last_used_sync()
+    except Exception:
+        log.exception("could not persist key usage times")
+        status = 1
+    app.auth.close()
+    app.db.close()
+    log.info("stopped")
+    return status

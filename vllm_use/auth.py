@@ -1,0 +1,206 @@
+"""Authentication (S3.1, S4.5): the Bearer header, the admin token, and API keys.
+
+Design (docs/auth.md has the long form):
+
+- `parse_bearer` accepts exactly one canonical `Authorization: Bearer <token>`;
+  anything else is "no credential" (401), fail closed.
+- The admin token is compared in constant time against its SHA-256.
+- An API key costs one scrypt the first time it is seen: fixed-cost format
+  check → rows with the same display prefix read and validated in full → scrypt
+  in the crypto executor (never on the IOLoop) → a conditional UPDATE (same
+  hash, same scopes, enabled=1) publishes the identity and moves `last_used_at`
+  forward. A key disabled or deleted while scrypt ran fails that UPDATE.
+- Verified keys are cached in memory, keyed by SHA-256 of the secret; a
+  repeat request is a dict lookup. Every key mutation in this process calls
+  `forget(key_id)` *before* its write, so disable/delete hold for the next
+  request; the cache epoch makes a derivation that raced a mutation uncacheable.
+  Entries are re-checked against SQLite (no scrypt) after `REVALIDATE_S`, which
+  bounds how long an edit made outside this process goes unnoticed.
+- `last_used_at` of cached hits is coalesced in memory and flushed every
+  `FLUSH_S` and at shutdown with an UPDATE that never moves it backwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.hazmat.primitives import constant_time
+
+from vllm_use import keys
+from vllm_use.errors import CorruptRecord, Unauthenticated
+from vllm_use.scopes import ADMIN_TOKEN_IDENTITY, Identity
+from vllm_use.storage import Database, now_ms
+
+log = logging.getLogger(__name__)
+
+REVALIDATE_S = 30.0
+FLUSH_S = 10.0
+CACHE_MAX = 10_000
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=")
+_MAX_TOKEN = 512
+
+
+def parse_bearer(values: list[str]) -> str:
+    """The token of exactly one `Authorization: Bearer <token>` header, else Unauthenticated."""
+    if len(values) != 1:
+        raise Unauthenticated("send exactly one Authorization: Bearer header")
+    value = values[0]
+    if not value.startswith("Bearer ") or len(value) > 7 + _MAX_TOKEN:
+        raise Unauthenticated("expected Authorization: Bearer <token>")
+    token = value[7:]
+    if not token or not _TOKEN_CHARS.issuperset(token):
+        raise Unauthenticated("expected Authorization: Bearer <token>")
+    return token
+
+
+@dataclass
+class _Verified:
+    identity: Identity
+    epoch: int
+    checked_at: float
+    hash_hex: str
+    scopes_json: str
+
+
+class Authenticator:
+    """Turns a token into an Identity. Runs on the IOLoop; slow work goes to executors."""
+
+    def __init__(self, db: Database, admin_token: str, crypto_workers: int = 2) -> None:
+        self._db = db
+        self._admin_digest = hashlib.sha256(admin_token.encode()).digest()
+        self._crypto = ThreadPoolExecutor(max_workers=crypto_workers, thread_name_prefix="scrypt")
+        self._cache: OrderedDict[bytes, _Verified] = OrderedDict()
+        self._epochs: dict[str, int] = {}
+        self._used: dict[str, int] = {}  # key id → newest last_used_at not yet written
+
+    async def authenticate(self, token: str) -> Identity:
+        """Raise Unauthenticated unless `token` is the admin token or a valid, enabled key."""
+        if constant_time.bytes_eq(hashlib.sha256(token.encode()).digest(), self._admin_digest):
+            return ADMIN_TOKEN_IDENTITY
+        if len(token) != 51 or not keys.SECRET_RE.fullmatch(token):
+            raise Unauthenticated("unknown credential")
+        digest = keys.cache_digest(token)
+        hit = self._cache.get(digest)
+        key_id = hit.identity.key_id if hit else None
+        if hit and key_id and hit.epoch == self._epochs.get(key_id, 0):
+            if time.monotonic() - hit.checked_at < REVALIDATE_S:
+                self._cache.move_to_end(digest)
+                self._used[key_id] = max(self._used.get(key_id, 0), now_ms())
+                return hit.identity
+            if await self._recheck(hit):
+                hit.checked_at = time.monotonic()
+                return hit.identity
+        self._cache.pop(digest, None)
+        return await self._verify(token, digest)
+
+    async def _recheck(self, hit: _Verified) -> bool:
+        """Cheap revalidation of a cached key against SQLite (no scrypt)."""
+        key_id = hit.identity.key_id
+        assert key_id is not None
+        epoch = self._epochs.get(key_id, 0)
+        ok = await self._db.run(_confirm, key_id, hit.hash_hex, hit.scopes_json, now_ms())
+        return ok and epoch == self._epochs.get(key_id, 0)
+
+    async def _verify(self, token: str, digest: bytes) -> Identity:
+        rows = await self._db.run(_rows_with_prefix, token[: keys.PREFIX_LEN])
+        loop = asyncio.get_running_loop()
+        for row in rows:
+            try:
+                record = keys.parse_row(row)
+            except CorruptRecord as exc:
+                log.warning("refusing a corrupt api key record: %s", exc.message)
+                continue
+            if not record.enabled:
+                continue
+            epoch = self._epochs.get(record.id, 0)
+            if not await loop.run_in_executor(self._crypto, keys.matches, token, record.salt, record.hash):
+                continue
+            scopes_json = row["scopes"]
+            if not await self._db.run(_confirm, record.id, row["hash"], scopes_json, now_ms()):
+                raise Unauthenticated("unknown credential")  # disabled/deleted/changed meanwhile
+            identity = Identity(kind="api_key", key_id=record.id, scopes=frozenset(record.scopes))
+            if epoch == self._epochs.get(record.id, 0):
+                self._remember(digest, _Verified(identity, epoch, time.monotonic(), row["hash"], scopes_json))
+            return identity
+        raise Unauthenticated("unknown credential")
+
+    async def derive(self, secret: str, salt: bytes) -> bytes:
+        """scrypt for a new key, in the crypto executor."""
+        return await asyncio.get_running_loop().run_in_executor(self._crypto, keys.derive, secret, salt)
+
+    def _remember(self, digest: bytes, entry: _Verified) -> None:
+        self._cache[digest] = entry
+        while len(self._cache) > CACHE_MAX:
+            self._cache.popitem(last=False)
+
+    def forget(self, key_id: str) -> None:
+        """Call before writing any change to a key: the next request re-reads SQLite."""
+        self._epochs[key_id] = self._epochs.get(key_id, 0) + 1
+        for digest in [d for d, v in self._cache.items() if v.identity.key_id == key_id]:
+            del self._cache[digest]
+
+    def pending_last_used(self, key_id: str) -> int | None:
+        return self._used.get(key_id)
+
+    async def flush_last_used(self) -> None:
+        """Write coalesced `last_used_at` values (never backwards). Runs on the IOLoop."""
+        if not self._used:
+            return
+        pending, self._used = self._used, {}
+        await self._db.run(_write_last_used, pending)
+
+    def flush_last_used_sync(self) -> None:
+        pending, self._used = self._used, {}
+        if pending:
+            self._db.run_sync(_write_last_used, pending)
+
+    def close(self) -> None:
+        self._crypto.shutdown(wait=False, cancel_futures=True)
+
+
+# --- SQLite work: these run on the database thread -------------------------------------------
+
+
+def _dicts(cursor: Any) -> list[dict[str, Any]]:
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _rows_with_prefix(prefix: str) -> list[dict[str, Any]]:
+    from vllm_use.storage import ApiKey
+
+    db = ApiKey._meta.database
+    return _dicts(db.execute_sql("SELECT * FROM api_keys WHERE prefix = ? LIMIT 16", (prefix,)))
+
+
+def _confirm(key_id: str, hash_hex: str, scopes_json: str, used_ms: int) -> bool:
+    """The publishing step: succeeds only if the key is still enabled and unchanged."""
+    from vllm_use.storage import ApiKey
+
+    db = ApiKey._meta.database
+    cursor = db.execute_sql(
+        "UPDATE api_keys SET last_used_at = MAX(COALESCE(last_used_at, 0), ?) "
+        "WHERE id = ? AND hash = ? AND scopes = ? AND enabled = 1",
+        (used_ms, key_id, hash_hex, scopes_json),
+    )
+    return cursor.rowcount == 1
+
+
+def _write_last_used(pending: dict[str, int]) -> None:
+    from vllm_use.storage import ApiKey
+
+    db = ApiKey._meta.database
+    with db.atomic():
+        for key_id, used in pending.items():
+            db.execute_sql(
+                "UPDATE api_keys SET last_used_at = ? "
+                "WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)",
+                (used, key_id, used),
+            )

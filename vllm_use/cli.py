@@ -1,0 +1,35 @@
+"""`vllm-use serve`: parse options, validate everything, then listen."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from vllm_use import config as config_mod
+from vllm_use.errors import ConfigError
+
+log = logging.getLogger("vllm_use")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = config_mod.build_parser().parse_args(argv)
+    try:
+        config = config_mod.load(args)
+    except ConfigError as exc:
+        print(f"vllm-use: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    config_mod.configure_logging(config.log_level)
+    from vllm_use import app as app_mod
+
+    try:
+        context = app_mod.build_context(config)
+    except ConfigError as exc:
+        print(f"vllm-use: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(app_mod.run(context))
+    except OSError as exc:
+        print(f"vllm-use: cannot listen on {config.host}:{config.port}: {exc.strerror}", file=sys.stderr)
+        app_mod.shutdown(context)
+        return 1

@@ -1,0 +1,287 @@
+"""Configuration: every option has a flag, an env var `VLLM_USE_<NAME>` and a default.
+
+Precedence is flag > env > default. Everything is validated before the server
+listens; a bad value raises `ConfigError` naming the option (`--port`), which
+the CLI prints and turns into exit status 2. Credentials (`--admin-token`,
+`--upstream-api-key`) live only here, in memory: never in settings, logs or
+child environments (`child_env()` scrubs them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from vllm_use.errors import ConfigError
+
+ENV_PREFIX = "VLLM_USE_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# Variables a child must never inherit: our own secrets and generic credentials.
+_SECRET_ENV = re.compile(r"^(VLLM_USE_.*|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|OPENAI_API_KEY|ANTHROPIC_API_KEY)$")
+_ALIAS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration option: its flag, env var, default and parser."""
+
+    name: str
+    help: str
+    default: Any = None
+    secret: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("host", "address to listen on (loopback by default)", "127.0.0.1"),
+    Option("port", "port to listen on", 8080),
+    Option("data_dir", "where the SQLite database and admin-token live", "~/.local/share/vllm-use"),
+    Option("models_dir", "managed models root", "<data-dir>/models"),
+    Option("hf_cache_dir", "optional Hugging Face cache dir for hf children", None),
+    Option("admin_token", "bootstrap admin token (else <data-dir>/admin-token is used)", None, secret=True),
+    Option("upstream", "vLLM origin for /v1 (loopback http(s) only)", "http://127.0.0.1:<runtime-port>"),
+    Option("upstream_api_key", "key injected as Bearer on upstream requests", None, secret=True),
+    Option("model_aliases", "alias=upstream-model,... for /v1", ""),
+    Option("max_audit_records", "gateway audit records kept (0 = record nothing new)", 10000),
+    Option("trusted_origins", "comma-separated extra origins allowed on /mcp", ""),
+    Option("vllm_bin", "the vllm executable", "vllm"),
+    Option("hf_bin", "the hf executable", "hf"),
+    Option("max_parallel_downloads", "concurrent hf download children", 2),
+    Option("runtime_port", "port the supervised vllm serve listens on", 8000),
+    Option("log_level", "debug, info, warning or error", "info"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str
+    port: int
+    data_dir: Path
+    models_dir: Path
+    hf_cache_dir: Path | None
+    admin_token: str | None
+    upstream: str
+    upstream_api_key: str | None
+    model_aliases: dict[str, str]
+    max_audit_records: int
+    trusted_origins: tuple[str, ...]
+    vllm_bin: str
+    hf_bin: str
+    max_parallel_downloads: int
+    runtime_port: int
+    log_level: str
+
+    def __repr__(self) -> str:  # never print credentials, even by accident
+        return f"Config(host={self.host!r}, port={self.port}, data_dir={str(self.data_dir)!r})"
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.data_dir / "admin-token"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "vllm-use.db"
+
+    def secrets(self) -> tuple[str, ...]:
+        return tuple(s for s in (self.admin_token, self.upstream_api_key) if s)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-use", description="Run a local vLLM server safely.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start the server (API, MCP, gateway, console)")
+    for opt in OPTIONS:
+        serve.add_argument(opt.flag, dest=opt.name, default=None, help=f"{opt.help} [env {opt.env}]")
+    return parser
+
+
+def child_env(extra: dict[str, str] | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process: ours minus every secret, plus `extra`."""
+    base = dict(os.environ if environ is None else environ)
+    env = {k: v for k, v in base.items() if not _SECRET_ENV.match(k)}
+    env.update(extra or {})
+    return env
+
+
+def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Config:
+    """Merge flags, env and defaults and validate every value; raise ConfigError naming the option."""
+    environ = dict(os.environ if environ is None else environ)
+    raw: dict[str, tuple[str, Any]] = {}
+    for opt in OPTIONS:
+        value = getattr(args, opt.name, None)
+        source = opt.flag
+        if value is None and opt.env in environ:
+            value, source = environ[opt.env], opt.env
+        if value is None:
+            value = opt.default
+        raw[opt.name] = (source, value)
+
+    def opt_label(name: str) -> str:
+        return raw[name][0]
+
+    def text(name: str, *, max_len: int = 4096) -> str:
+        value = str(raw[name][1])
+        if len(value) > max_len or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            raise ConfigError(
+                opt_label(name), f"must be at most {max_len} characters without control characters"
+            )
+        return value
+
+    def integer(name: str, lo: int, hi: int) -> int:
+        value = raw[name][1]
+        if isinstance(value, str):
+            if not re.fullmatch(r"[0-9]{1,10}", value.strip()):
+                raise ConfigError(opt_label(name), f"must be an integer from {lo} to {hi}, got {value!r}")
+            value = int(value.strip())
+        if not lo <= value <= hi:
+            raise ConfigError(opt_label(name), f"must be an integer from {lo} to {hi}, got {value}")
+        return value
+
+    def path(name: str, value: str) -> Path:
+        if not value:
+            raise ConfigError(opt_label(name), "must not be empty")
+        return Path(value).expanduser().absolute()
+
+    host = text("host", max_len=255)
+    _validate_host(host, opt_label("host"))
+    port = integer("port", 1, 65535)
+    data_dir = path("data_dir", text("data_dir"))
+    models_raw = raw["models_dir"][1]
+    models_dir = data_dir / "models" if models_raw == OPTIONS_BY_NAME["models_dir"].default else None
+    if models_dir is None:
+        models_dir = path("models_dir", text("models_dir"))
+    hf_cache_dir = path("hf_cache_dir", text("hf_cache_dir")) if raw["hf_cache_dir"][1] else None
+    admin_token = _token(raw["admin_token"][1], opt_label("admin_token"))
+    upstream_key = _token(raw["upstream_api_key"][1], opt_label("upstream_api_key"))
+    runtime_port = integer("runtime_port", 1, 65535)
+    upstream_raw = raw["upstream"][1]
+    if upstream_raw == OPTIONS_BY_NAME["upstream"].default:
+        upstream = f"http://127.0.0.1:{runtime_port}"
+    else:
+        upstream = validate_upstream(text("upstream", max_len=2048), opt_label("upstream"))
+    log_level = text("log_level", max_len=16).lower()
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(opt_label("log_level"), f"must be one of {', '.join(LOG_LEVELS)}")
+    return Config(
+        host=host,
+        port=port,
+        data_dir=data_dir,
+        models_dir=models_dir,
+        hf_cache_dir=hf_cache_dir,
+        admin_token=admin_token,
+        upstream=upstream,
+        upstream_api_key=upstream_key,
+        model_aliases=parse_aliases(text("model_aliases", max_len=65536), opt_label("model_aliases")),
+        max_audit_records=integer("max_audit_records", 0, 10_000_000),
+        trusted_origins=parse_origins(text("trusted_origins", max_len=65536), opt_label("trusted_origins")),
+        vllm_bin=_executable(text("vllm_bin"), opt_label("vllm_bin")),
+        hf_bin=_executable(text("hf_bin"), opt_label("hf_bin")),
+        max_parallel_downloads=integer("max_parallel_downloads", 1, 64),
+        runtime_port=runtime_port,
+        log_level=log_level,
+    )
+
+
+OPTIONS_BY_NAME = {opt.name: opt for opt in OPTIONS}
+
+
+def _validate_host(host: str, label: str) -> None:
+    if not host:
+        raise ConfigError(label, "must not be empty")
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,253})", host):
+        raise ConfigError(label, f"is not an IP address or host name: {host!r}")
+
+
+def _token(value: Any, label: str) -> str | None:
+    """A credential from a flag/env: visible ASCII, no spaces, 16–512 characters. Never echoed back."""
+    if value is None or value == "":
+        return None
+    value = str(value)
+    if not 16 <= len(value) <= 512 or not re.fullmatch(r"[\x21-\x7e]+", value) or "," in value:
+        raise ConfigError(label, "must be 16 to 512 visible ASCII characters without spaces or commas")
+    return value
+
+
+def _executable(value: str, label: str) -> str:
+    if not value or value.startswith("-"):
+        raise ConfigError(label, "must be a command name or path, not empty and not starting with '-'")
+    return value
+
+
+def validate_upstream(value: str, label: str) -> str:
+    """An `http(s)://` loopback origin: no credentials, path, query or fragment."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(label, "must start with http:// or https://")
+    if parts.username or parts.password or "@" in parts.netloc:
+        raise ConfigError(label, "must not contain credentials")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(label, "must be an origin only (no path, query or fragment)")
+    host = parts.hostname or ""
+    loopback = host == "localhost"
+    try:
+        loopback = loopback or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    if not loopback:
+        raise ConfigError(label, f"must point at a loopback address, got host {host!r}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(label, f"has an invalid port: {exc}") from None
+    netloc = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{netloc}" + (f":{port}" if port else "")
+
+
+def parse_aliases(value: str, label: str) -> dict[str, str]:
+    """`alias=upstream-model,…` → dict; duplicates, empty parts and odd characters fail."""
+    aliases: dict[str, str] = {}
+    if not value.strip():
+        return aliases
+    for item in value.split(","):
+        alias, sep, target = (part.strip() for part in item.partition("="))
+        if not sep or not _ALIAS_NAME.match(alias) or not _ALIAS_NAME.match(target):
+            raise ConfigError(label, f"expects alias=upstream-model pairs separated by commas, got {item!r}")
+        if alias in aliases:
+            raise ConfigError(label, f"alias {alias!r} is defined twice")
+        aliases[alias] = target
+    return aliases
+
+
+def parse_origins(value: str, label: str) -> tuple[str, ...]:
+    origins = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        parts = urlsplit(item)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query:
+            raise ConfigError(label, f"expects origins like https://example.com:8443, got {item!r}")
+        origins.append(item.rstrip("/").lower())
+    return tuple(origins)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )

@@ -1,0 +1,36 @@
+"""The application context handed to abilities and handlers (no module globals)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from vllm_use.config import Config
+from vllm_use.scopes import Identity, Surface
+
+if TYPE_CHECKING:
+    from vllm_use.auth import Authenticator
+    from vllm_use.registry import Registry
+    from vllm_use.storage import Database
+
+
+@dataclass
+class AppContext:
+    """Everything long-lived: configuration, storage, auth, the registry."""
+
+    config: Config
+    db: Database
+    auth: Authenticator
+    registry: Registry
+    started_at: float = field(default_factory=time.time)
+    started_monotonic: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One executor call: the app, who is calling, and over which surface."""
+
+    app: AppContext
+    identity: Identity
+    surface: Surface

@@ -1,0 +1,101 @@
+"""The error tree every layer raises; adapters map it to HTTP or MCP exactly once.
+
+    VllmUseError                      code            /api status   MCP
+    ├── InvalidArguments              invalid_arguments      400    isError result
+    ├── Unauthenticated               unauthenticated        401    HTTP 401
+    ├── PermissionDenied              permission_denied      403    "unknown tool" JSON-RPC error
+    ├── NotFound                      not_found              404    isError result
+    ├── Conflict                      conflict               409    isError result
+    ├── PayloadTooLarge               payload_too_large      413    HTTP 413
+    ├── UpstreamUnavailable           upstream_unavailable   502    isError result
+    ├── CorruptRecord                 corrupt_record         500    isError result
+    ├── ExternalError                 external_error         500    isError result
+    └── ConfigError                   (start-up only: names the option, exits 2)
+
+Anything else that escapes an ability is an internal error: the client sees
+"internal error", the log gets the traceback. No tornado import here on purpose.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class VllmUseError(Exception):
+    """Base of every error we raise on purpose. `code` is stable; `message` is for people."""
+
+    code = "internal_error"
+    http_status = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, **self.details}}
+
+
+class InvalidArguments(VllmUseError):
+    """Bad input; `errors` lists each problem with its field path (`loc`)."""
+
+    code = "invalid_arguments"
+    http_status = 400
+
+
+class Unauthenticated(VllmUseError):
+    code = "unauthenticated"
+    http_status = 401
+
+
+class PermissionDenied(VllmUseError):
+    code = "permission_denied"
+    http_status = 403
+
+
+class NotFound(VllmUseError):
+    code = "not_found"
+    http_status = 404
+
+
+class MethodNotAllowed(VllmUseError):
+    code = "method_not_allowed"
+    http_status = 405
+
+
+class Conflict(VllmUseError):
+    code = "conflict"
+    http_status = 409
+
+
+class PayloadTooLarge(VllmUseError):
+    code = "payload_too_large"
+    http_status = 413
+
+
+class UpstreamUnavailable(VllmUseError):
+    code = "upstream_unavailable"
+    http_status = 502
+
+
+class CorruptRecord(VllmUseError):
+    """A row read back from SQLite failed validation; the request fails closed."""
+
+    code = "corrupt_record"
+    http_status = 500
+
+
+class ExternalError(VllmUseError):
+    """A tool we depend on (NVML, a child process) failed in a way we can only report."""
+
+    code = "external_error"
+    http_status = 500
+
+
+class ConfigError(Exception):
+    """Invalid configuration or unsafe storage found at start-up; the message names the option."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"{option}: {message}")
+        self.option = option
+        self.message = message

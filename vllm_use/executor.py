@@ -1,0 +1,79 @@
+"""The executor: the one path every call takes (S3).
+
+lookup → scope check (fail closed) → argument validation → execute → one log
+line. REST and MCP adapters translate their transport into `Executor.call` and
+back; they never check scopes or touch the database themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from vllm_use.context import AppContext, Call
+from vllm_use.errors import InvalidArguments, NotFound, PermissionDenied, VllmUseError
+from vllm_use.registry import Registry, SupportedMethod
+from vllm_use.scopes import Identity, Surface
+
+log = logging.getLogger(__name__)
+
+
+def validation_error(exc: ValidationError) -> InvalidArguments:
+    """Field paths and messages only: input values (maybe secrets) are never echoed."""
+    errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(body)"
+    return InvalidArguments(f"invalid arguments: {where}: {first['msg']}", errors=errors)
+
+
+class Executor:
+    def __init__(self, registry: Registry, app: AppContext) -> None:
+        self.registry = registry
+        self.app = app
+
+    def allowed(self, method: SupportedMethod, identity: Identity | None, surface: Surface) -> bool:
+        return identity is not None and identity.may_call(method.scope, surface, public=method.public)
+
+    def visible(self, identity: Identity | None, surface: Surface) -> list[SupportedMethod]:
+        return [m for m in self.registry if self.allowed(m, identity, surface)]
+
+    async def call(
+        self, name: str, args: dict[str, Any] | None, identity: Identity | None, surface: Surface
+    ) -> dict[str, Any]:
+        """Run method `name` for `identity` arriving on `surface`. Runs on the IOLoop."""
+        started = time.perf_counter()
+        who = identity.label if identity else "-"
+        outcome = "ok"
+        try:
+            method = self.registry.get(name)
+            if method is None:
+                raise NotFound(f"unknown method {name!r}")
+            if not self.allowed(method, identity, surface):
+                raise PermissionDenied(f"this credential may not call {name}")
+            try:
+                parsed = method.input.model_validate({} if args is None else args)
+            except ValidationError as exc:
+                raise validation_error(exc) from None
+            assert identity is not None
+            return await method.execute(Call(self.app, identity, surface), parsed)
+        except VllmUseError as exc:
+            outcome = exc.code
+            raise
+        except Exception:
+            outcome = "internal_error"
+            raise
+        finally:
+            elapsed = (time.perf_counter() - started) * 1000
+            level = logging.INFO if outcome == "ok" else logging.WARNING
+            log.log(
+                level,
+                "method=%s key_id=%s surface=%s outcome=%s ms=%.1f",
+                name,
+                who,
+                surface,
+                outcome,
+                elapsed,
+            )
