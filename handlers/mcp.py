@@ -4,9 +4,9 @@ One POST carries one JSON-RPC request (or notification); there is no
 `initialize` handshake and no session. Checks run in this order and the first
 failure answers:
 
-    prepare()  Origin / Sec-Fetch-Site ........ 403   (DNS rebinding, cross-site pages)
+    prepare()  Origin / Sec-Fetch-Site ........ 403   (cross-site pages)
                verb other than POST ........... 405
-               body size ...................... 413
+               declared body size ............. 413
                Bearer credential for /mcp ..... 401 + WWW-Authenticate
     post()     JSON parse ..................... 400  -32700
                one JSON-RPC object ............ 400  -32600  (batches too)
@@ -22,7 +22,9 @@ failure answers:
 HTTP statuses for JSON-RPC errors follow the SDK's table (`ERROR_STATUS`), so
 -32602 is a 400 wherever it comes from, "unknown tool" included. A tool that
 is unknown and one the caller's scopes do not allow get the same answer, and
-a registered tool's own failure is a `CallToolResult` with `isError: true`.
+a registered tool's own failure is a `CallToolResult` with `isError: true`
+(its error document in the text content, not in `structuredContent`, which
+must match the tool's outputSchema).
 
 Only the pure-pydantic `mcp_types` package is imported: the `mcp` server
 package pulls in Starlette and routes a missing header to the 2025 handshake.
@@ -69,7 +71,7 @@ from pydantic import BaseModel, ValidationError
 
 from handlers.base import JsonHandler
 from vllm_use import __version__
-from vllm_use.errors import NotFound, PayloadTooLarge, PermissionDenied, VllmUseError
+from vllm_use.errors import MethodNotAllowed, NotFound, PayloadTooLarge, PermissionDenied, VllmUseError
 from vllm_use.scopes import Surface
 
 log = logging.getLogger(__name__)
@@ -158,6 +160,23 @@ def _result(model: BaseModel) -> dict[str, Any]:
     return data
 
 
+def _tool_error(exc: VllmUseError) -> dict[str, Any]:
+    """A tool execution error: `isError` with `code: message`, then the error document as JSON text.
+
+    No `structuredContent`: it would have to match the tool's outputSchema, and
+    strict clients (the TypeScript SDK behind the Inspector) reject one that does not.
+    """
+    return _result(
+        CallToolResult(
+            content=[
+                TextContent(type="text", text=f"{exc.code}: {exc.message}"),
+                TextContent(type="text", text=json.dumps(exc.to_json(), ensure_ascii=False)),
+            ],
+            is_error=True,
+        )
+    )
+
+
 def _validation_message(exc: ValidationError) -> str:
     """Field paths and pydantic's messages only: values sent by the client are never echoed."""
     first = exc.errors()[0]
@@ -176,13 +195,37 @@ class McpHandler(JsonHandler):
     surface = Surface.MCP
 
     async def prepare(self) -> None:
-        if not self._origin_allowed():
-            self.fail(PermissionDenied("this Origin may not use /mcp (see --trusted-origins)"))
-            return
-        if self.request.method != "POST":
-            self.send_error(405)
-            return
-        await super().prepare()  # body size (413), then the Bearer credential (401)
+        """Origin (403) → verb (405) → declared size (413) → credential (401), before any body is read.
+
+        A declared oversize body is refused at once (Tornado then drops the
+        connection). Other refusals are answered by `_refuse` once the capped
+        body has arrived: answering before reading it would also drop the
+        connection, and a client reusing it would get a reset.
+        """
+        self._refusal: VllmUseError | None = None
+        try:
+            if not self._origin_allowed():
+                raise PermissionDenied("this Origin may not use /mcp (see --trusted-origins)")
+            if self.request.method != "POST":
+                raise MethodNotAllowed("/mcp takes POST only (MCP 2026-07-28, stateless Streamable HTTP)")
+            self.check_body_size()
+            self.identity = await self.authenticate()
+        except PayloadTooLarge as exc:
+            self.fail(exc)
+        except VllmUseError as exc:
+            self._refusal = exc
+
+    def _refuse(self) -> bool:
+        """Answer the refusal decided in `prepare`, if any. Every verb calls this first."""
+        if self._refusal is None:
+            return False
+        self.fail(self._refusal)
+        return True
+
+    def _not_post(self, *args: Any) -> None:
+        self._refuse()
+
+    get = head = delete = put = patch = options = _not_post
 
     def _origin_allowed(self) -> bool:
         """No Origin and not `Sec-Fetch-Site: cross-site` → allowed; else our own or a trusted origin only."""
@@ -209,6 +252,8 @@ class McpHandler(JsonHandler):
     # --- the exchange ----------------------------------------------------------------------------
 
     async def post(self) -> None:
+        if self._refuse():
+            return
         try:
             body = self.body
         except PayloadTooLarge as exc:
@@ -349,22 +394,10 @@ class McpHandler(JsonHandler):
         except VllmUseError as exc:
             if isinstance(exc, NotFound) and self.executor.registry.get(name) is None:
                 raise unknown from None
-            return _result(
-                CallToolResult(
-                    content=[TextContent(type="text", text=f"{exc.code}: {exc.message}")],
-                    structured_content=exc.to_json(),
-                    is_error=True,
-                )
-            )
+            return _tool_error(exc)
         except Exception:
             log.exception("tool %s failed", name)
-            return _result(
-                CallToolResult(
-                    content=[TextContent(type="text", text=f"internal_error: {_INTERNAL}")],
-                    structured_content={"error": {"code": "internal_error", "message": _INTERNAL}},
-                    is_error=True,
-                )
-            )
+            return _tool_error(VllmUseError(_INTERNAL))
         return _result(
             CallToolResult(
                 content=[TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],

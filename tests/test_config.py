@@ -27,7 +27,9 @@ def serve_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_serve(data_dir: Path, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_serve(
+    data_dir: Path, *flags: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """A start that must fail: run it to completion and capture what it printed."""
     return subprocess.run(
         [sys.executable, "-m", "vllm_use", "serve", "--data-dir", str(data_dir), *flags],
@@ -153,7 +155,12 @@ def test_rejected_admin_token_flag_is_never_echoed(tmp_path: Path, token: str) -
 def test_rejected_admin_token_env_is_never_echoed(tmp_path: Path, token: str) -> None:
     port = free_port()
     stderr = assert_refused_before_listening(
-        tmp_path / "data", port, "VLLM_USE_ADMIN_TOKEN", "--port", str(port), env={"VLLM_USE_ADMIN_TOKEN": token}
+        tmp_path / "data",
+        port,
+        "VLLM_USE_ADMIN_TOKEN",
+        "--port",
+        str(port),
+        env={"VLLM_USE_ADMIN_TOKEN": token},
     )
     assert token not in stderr
     assert token[:8] not in stderr
@@ -179,7 +186,9 @@ def test_flag_wins_over_env_and_env_over_default() -> None:
 
 
 def test_env_error_names_the_env_var_and_flag_error_names_the_flag() -> None:
-    assert refusal(environ={"VLLM_USE_MAX_PARALLEL_DOWNLOADS": "0"}).option == "VLLM_USE_MAX_PARALLEL_DOWNLOADS"
+    assert (
+        refusal(environ={"VLLM_USE_MAX_PARALLEL_DOWNLOADS": "0"}).option == "VLLM_USE_MAX_PARALLEL_DOWNLOADS"
+    )
     assert refusal("--max-parallel-downloads", "0").option == "--max-parallel-downloads"
 
 
@@ -208,7 +217,9 @@ INTEGER_BOUNDS = [
 
 
 @pytest.mark.parametrize(("flag", "attr", "lo", "hi"), INTEGER_BOUNDS)
-def test_integer_options_accept_their_bounds_and_refuse_one_past(flag: str, attr: str, lo: int, hi: int) -> None:
+def test_integer_options_accept_their_bounds_and_refuse_one_past(
+    flag: str, attr: str, lo: int, hi: int
+) -> None:
     assert getattr(parse(flag, str(lo)), attr) == lo
     assert getattr(parse(flag, str(hi)), attr) == hi
     assert refusal(f"{flag}={lo - 1}").option == flag
@@ -295,12 +306,14 @@ def test_trusted_origins_are_accepted_and_normalised() -> None:
     assert config.trusted_origins == ("https://console.example:8443", "http://127.0.0.1:3000")
 
 
-@pytest.mark.parametrize("value", ["notanorigin", "https://example.com/path", "ftp://example.com", "https://"])
+@pytest.mark.parametrize(
+    "value", ["notanorigin", "https://example.com/path", "ftp://example.com", "https://"]
+)
 def test_malformed_trusted_origins_are_refused(value: str) -> None:
     assert refusal("--trusted-origins", value).option == "--trusted-origins"
 
 
-@pytest.mark.parametrize("value", ["0.0.0.0", "::1", "localhost", "127.0.0.1"])
+@pytest.mark.parametrize("value", ["0.0.0.0", "::1", "localhost", "127.0.0.1"])  # noqa: S104
 def test_host_accepts_addresses_and_names(value: str) -> None:
     assert parse("--host", value).host == value
 

@@ -1,0 +1,154 @@
+"""`/api/openapi.json` is accurate enough to drive a fuzzer (S3), and /api survives the fuzzer.
+
+Schemathesis runs as its CLI (`st run`) in a subprocess against a real `vllm-use serve` child:
+one command runs every phase (explicit examples, the coverage phase's boundary and negative
+values, random fuzzing, and stateful sequences that follow create → enable/disable/delete
+links), where the pytest integration needs a separate state machine. Each run is bounded
+(`--max-examples`) and deterministic (`--generation-deterministic`: the same cases every run,
+no example database), and asserts:
+
+- no 5xx (`not_a_server_error`),
+- every response matches its documented schema (`response_schema_conformance`),
+- every status is documented for its operation (`status_code_conformance`),
+- every Content-Type is the documented one (`content_type_conformance`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from handlers.api import ROUTES
+from tests.conftest import ADMIN_TOKEN, Server
+
+CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
+MAX_EXAMPLES = 25  # per operation and phase; ~5 s a run on 2 cores
+RUN_TIMEOUT_S = 120
+
+
+def schemathesis_cli() -> str:
+    here = Path(sys.executable).parent
+    for name in ("st", "schemathesis"):
+        if (here / name).is_file():
+            return str(here / name)
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail("the schemathesis CLI (st) is not installed: make .venv installs the test extras")
+
+
+def run_schemathesis(
+    location: str, base_url: str, token: str, workdir: Path
+) -> subprocess.CompletedProcess[str]:
+    """`st run` against `base_url` with `Authorization: Bearer <token>`; returns the finished process."""
+    cmd = [
+        schemathesis_cli(),
+        "run",
+        location,
+        "--url",
+        base_url,
+        "--header",
+        f"Authorization: Bearer {token}",
+        "--checks",
+        CHECKS,
+        "--max-examples",
+        str(MAX_EXAMPLES),
+        "--generation-deterministic",
+        "--workers",
+        "1",
+        "--request-timeout",
+        "10",
+        "--no-color",
+        "--output-truncate",
+        "false",
+    ]
+    # No proxies for loopback, no config file picked up from the repository, no stray reports.
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    return subprocess.run(
+        cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    )
+
+
+def assert_clean(proc: subprocess.CompletedProcess[str], server: Server, log_start: int) -> None:
+    """The run passed, and the server logged no traceback while it ran (the log from `log_start`)."""
+    output = proc.stdout + proc.stderr
+    server_log = server.log()[log_start:]
+    assert proc.returncode == 0, (
+        f"schemathesis found problems:\n{output}\n--- server log tail ---\n{server_log[-4000:]}"
+    )
+    assert "FAILURES" not in output and "ERRORS" not in output, output
+    assert "Traceback" not in server_log, server_log[-4000:]
+
+
+def openapi(server: Server) -> dict:
+    r = server.fetch("/api/openapi.json")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    return r.json()
+
+
+def test_openapi_document_has_an_operation_for_every_route(shared_server: Server) -> None:
+    doc = openapi(shared_server)
+    assert doc["openapi"].startswith("3.1."), doc["openapi"]
+    assert doc["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+    operation_ids = [op["operationId"] for item in doc["paths"].values() for op in item.values()]
+    assert len(operation_ids) == len(set(operation_ids)), operation_ids
+    for route in ROUTES:
+        operation = doc["paths"].get(route.path, {}).get(route.verb.lower())
+        assert operation is not None, f"{route.verb} {route.path} is missing from the OpenAPI document"
+        assert operation["operationId"] == route.method.replace(".", "_"), (route, operation["operationId"])
+        assert str(route.status) in operation["responses"], (route, sorted(operation["responses"]))
+        documented = [p["name"] for p in operation.get("parameters", []) if p["in"] == "path"]
+        assert documented == route.path_params, (route, documented)
+
+
+def test_fuzzing_with_the_admin_token_finds_no_errors(shared_server: Server, tmp_path: Path) -> None:
+    log_start = len(shared_server.log())
+    proc = run_schemathesis(
+        shared_server.base_url + "/api/openapi.json", shared_server.base_url, ADMIN_TOKEN, tmp_path
+    )
+    assert_clean(proc, shared_server, log_start)
+
+
+@pytest.mark.parametrize(
+    "scope",
+    [
+        "admin.read",
+        pytest.param(
+            "admin.write",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="product bug: GET /api/methods and /api/openapi.json answer 403 for a key without "
+                "admin.read, but handlers/openapi.py documents only 200 and 401 for them",
+            ),
+        ),
+    ],
+)
+def test_fuzzing_with_a_scoped_key_finds_no_errors(shared_server: Server, tmp_path: Path, scope: str) -> None:
+    # A key lacking a method's scope gets 403s: they must be documented too. The schema is read
+    # with the admin token (a write-only key may not read it) and handed to the CLI as a file.
+    schema = tmp_path / "openapi.json"
+    schema.write_text(json.dumps(openapi(shared_server)))
+    _, secret = shared_server.create_key(scope, name=f"fuzz {scope}")
+    log_start = len(shared_server.log())
+    proc = run_schemathesis(str(schema), shared_server.base_url, secret, tmp_path)
+    assert_clean(proc, shared_server, log_start)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug: handlers/api.py RouteHandler._arguments catches ValueError and "
+    "UnicodeDecodeError from json.loads but not RecursionError, so deep nesting is a 500",
+)
+def test_deeply_nested_json_body_is_a_400_not_a_500(shared_server: Server) -> None:
+    body = b'{"message": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    r = shared_server.fetch("/api/test", "POST", content=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_arguments"

@@ -1,0 +1,105 @@
+"""Shutdown (S1): SIGTERM/SIGINT stop the server promptly with exit 0, persisting what it held."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sqlite3
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.conftest import Server, start_server
+
+EXIT_WITHIN_S = 5.0
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def port_of(server: Server) -> int:
+    port = urlsplit(server.base_url).port
+    assert port is not None
+    return port
+
+
+def timed_stop(server: Server, sig: int) -> tuple[int, float]:
+    started = time.monotonic()
+    try:
+        code = server.stop(sig, timeout=EXIT_WITHIN_S)
+    finally:
+        if server.proc.poll() is None:  # it overran: do not leave it behind
+            server.proc.kill()
+            server.proc.wait()
+    return code, time.monotonic() - started
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_stops_the_server_with_exit_0_within_5_seconds(tmp_path: Path, sig: int) -> None:
+    server = start_server(tmp_path / "data")
+    assert server.fetch("/api/system").status_code == 200
+    code, elapsed = timed_stop(server, sig)
+    assert code == 0, server.log()
+    assert elapsed < EXIT_WITHIN_S
+    assert "stopped" in server.log()
+
+
+def test_port_is_closed_after_shutdown(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "data")
+    port = port_of(server)
+    code, _ = timed_stop(server, signal.SIGTERM)
+    assert code == 0, server.log()
+    with socket.socket() as s:
+        s.settimeout(1)
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_key_used_just_before_sigterm_has_its_last_use_persisted(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    server = start_server(data_dir)
+    key_id, secret = server.create_key("admin.read", name="last use")
+    # The first use verifies the key and writes last_used_at; later uses are coalesced in memory.
+    assert server.fetch("/api/system", token=secret).status_code == 200
+    time.sleep(0.05)
+    used_from = now_ms()
+    assert server.fetch("/api/system", token=secret).status_code == 200
+    code, _ = timed_stop(server, signal.SIGTERM)
+    assert code == 0, server.log()
+
+    conn = sqlite3.connect(data_dir / "vllm-use.db")
+    try:
+        (last_used_at,) = conn.execute("SELECT last_used_at FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+    finally:
+        conn.close()
+    assert last_used_at is not None
+    assert used_from <= last_used_at <= now_ms()
+
+
+def test_unused_key_keeps_no_last_use_after_shutdown(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    server = start_server(data_dir)
+    key_id, _secret = server.create_key("admin.read", name="never used")
+    code, _ = timed_stop(server, signal.SIGTERM)
+    assert code == 0, server.log()
+    conn = sqlite3.connect(data_dir / "vllm-use.db")
+    try:
+        (last_used_at,) = conn.execute("SELECT last_used_at FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+    finally:
+        conn.close()
+    assert last_used_at is None
+
+
+def test_restart_after_sigterm_serves_the_same_keys(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    first = start_server(data_dir)
+    _key_id, secret = first.create_key("admin.read", name="survives")
+    code, _ = timed_stop(first, signal.SIGTERM)
+    assert code == 0, first.log()
+    second = start_server(data_dir)
+    try:
+        assert second.fetch("/api/system", token=secret).status_code == 200
+    finally:
+        assert second.stop() == 0

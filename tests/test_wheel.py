@@ -1,0 +1,194 @@
+"""A real (non-editable) install serves everything: the wheel carries the console, /api and /mcp.
+
+The wheel is built from a copy of the checkout (so the build writes nothing into the repository),
+installed into a fresh venv, and started from a directory outside the repository. The venv gets
+the runtime dependencies through PYTHONPATH pointing at the test venv's site-packages: the editable
+install there is a `.pth` finder, which PYTHONPATH does not process, so only the wheel's copy of
+`vllm_use` and `handlers` can be imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port
+
+# What the build must never pick up from a working tree.
+_NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv", "node_modules", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"
+)
+
+
+@dataclass
+class Installed:
+    wheel: Path
+    venv: Path
+    workdir: Path
+    env: dict[str, str]
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+
+def run(cmd: list[str | Path], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=120, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    root = tmp_path_factory.mktemp("wheel")
+    src = root / "src"
+    shutil.copytree(REPO, src, ignore=_NOT_SOURCE, symlinks=True)
+    dist = root / "dist"
+    built = run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, src],
+        cwd=root,
+    )
+    assert built.returncode == 0, (
+        "building the wheel failed; the test environment needs the build backend's requirements "
+        "(pyproject.toml [build-system]: setuptools>=68 and wheel):\n" + built.stdout + built.stderr
+    )
+    (wheel,) = dist.glob("vllm_use-*.whl")
+
+    venv = root / "venv"
+    made = run([sys.executable, "-m", "venv", venv])
+    assert made.returncode == 0, made.stderr
+    pip = run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel])
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_USE_")}
+    env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]
+    env["PYTHONUNBUFFERED"] = "1"
+    workdir = root / "elsewhere"
+    workdir.mkdir()
+    return Installed(wheel, venv, workdir, env)
+
+
+@pytest.fixture(scope="module")
+def wheel_server(installed: Installed) -> Iterator[Server]:
+    port = free_port()
+    data_dir = installed.workdir / "data"
+    log_path = installed.workdir / "server.log"
+    env = dict(installed.env, VLLM_USE_ADMIN_TOKEN=ADMIN_TOKEN, VLLM_USE_LOG_LEVEL="info")
+    cmd = [installed.python, "-m", "vllm_use", "serve", "--port", str(port), "--data-dir", data_dir]
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [str(c) for c in cmd], stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=installed.workdir
+        )
+    server = Server(f"http://127.0.0.1:{port}", data_dir, log_path, proc)
+
+    def healthy() -> bool:
+        assert proc.poll() is None, "installed server exited early:\n" + server.log()
+        try:
+            return server.fetch("/healthz", token=None).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        eventually(healthy, timeout=20)
+        yield server
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def index_html() -> str:
+    return (REPO / "static" / "index.html").read_text()
+
+
+def test_wheel_contains_the_console_and_every_handler_module(installed: Installed) -> None:
+    with zipfile.ZipFile(installed.wheel) as zf:
+        names = set(zf.namelist())
+        assert zf.read("vllm_use/static/index.html").decode() == index_html()
+    for name in ("vllm_use/static/index.html", "handlers/api.py", "handlers/mcp.py", "handlers/static.py"):
+        assert name in names
+    for asset in (REPO / "static").rglob("*"):
+        if asset.is_file():
+            assert "vllm_use/static/" + asset.relative_to(REPO / "static").as_posix() in names
+    assert not any(name.startswith("tests/") for name in names)
+
+
+def test_installed_package_is_imported_from_the_new_venv(installed: Installed) -> None:
+    probe = run(
+        [
+            installed.python,
+            "-c",
+            "import vllm_use, handlers; print(vllm_use.__file__); print(handlers.__file__)",
+        ],
+        env=installed.env,
+        cwd=installed.workdir,
+    )
+    assert probe.returncode == 0, probe.stderr
+    for line in probe.stdout.split():
+        assert Path(line).is_relative_to(installed.venv), probe.stdout
+        assert not Path(line).is_relative_to(REPO), probe.stdout
+
+
+def test_installed_console_script_prints_help(installed: Installed) -> None:
+    top = run([installed.venv / "bin" / "vllm-use", "--help"], env=installed.env, cwd=installed.workdir)
+    assert top.returncode == 0, top.stderr
+    assert "serve" in top.stdout
+    serve = run(
+        [installed.venv / "bin" / "vllm-use", "serve", "--help"], env=installed.env, cwd=installed.workdir
+    )
+    assert serve.returncode == 0, serve.stderr
+    assert "--admin-token" in serve.stdout and "VLLM_USE_PORT" in serve.stdout
+
+
+def test_installed_server_answers_healthz(wheel_server: Server) -> None:
+    r = wheel_server.fetch("/healthz", token=None)
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok"}
+
+
+def test_installed_server_serves_the_console_at_root(wheel_server: Server) -> None:
+    r = wheel_server.fetch("/", token=None)
+    assert r.status_code == 200
+    assert r.text == index_html()
+
+
+def test_installed_server_falls_back_to_the_console_for_client_routes(wheel_server: Server) -> None:
+    r = wheel_server.fetch("/some/client/route", token=None)
+    assert r.status_code == 200
+    assert r.text == index_html()
+
+
+def test_installed_server_serves_console_assets(wheel_server: Server) -> None:
+    for asset in (REPO / "static").iterdir():
+        if asset.is_file() and asset.name != "index.html":
+            r = wheel_server.fetch("/" + asset.name, token=None)
+            assert r.status_code == 200, asset.name
+            assert r.content == asset.read_bytes()
+
+
+def test_installed_server_answers_unknown_api_paths_with_json_404(wheel_server: Server) -> None:
+    r = wheel_server.fetch("/api/nope", token=None)
+    assert r.status_code == 404
+    assert r.headers["cache-control"] == "no-store"
+    assert r.headers["content-type"].startswith("application/json")
+    assert json.loads(r.text)["error"]["code"] == "not_found"
+
+
+def test_installed_server_serves_the_admin_api(wheel_server: Server) -> None:
+    assert wheel_server.fetch("/api/system").status_code == 200
+    assert wheel_server.fetch("/api/system", token=None).status_code == 401
+
+
+def test_installed_server_serves_mcp(wheel_server: Server) -> None:
+    _key_id, secret = wheel_server.create_key("mcp.read", name="wheel mcp")
+    r = wheel_server.mcp("tools/list", token=secret)
+    assert r.status_code == 200, r.text
+    assert r.json()["result"]["tools"]

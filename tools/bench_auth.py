@@ -1,0 +1,416 @@
+"""Benchmark of API-key authentication (S3.1, S4.5) and of the IOLoop while scrypt runs (S0).
+
+Not a test: it prints numbers, compared against targets, for docs/performance.md. One run measures:
+
+1. GIL probe (in-process, no server): the lag of an asyncio loop while 20 scrypt derivations run
+   in a 2-thread pool, for `cryptography`'s `Scrypt.derive` (what vllm_use.keys uses), for
+   `hashlib.scrypt` with the same parameters, and for a control job that holds the GIL for as
+   long as one derivation. If a derivation held the GIL, the loop would stall like the control.
+2. Repeat authentication (in-process): `Authenticator.authenticate` of a key already verified
+   once, on a temporary Database; median of 10,000 calls (target ≤ 0.1 ms).
+3. A real `vllm-use serve` child (tests.conftest.start_server) on loopback:
+   (a) the first request with each of 20 new admin.read keys (one scrypt each) against its
+       repeat, `POST /api/test`, one keep-alive connection;
+   (b) the p99 of `GET /healthz`, sent one after another on a keep-alive connection, alone and
+       while rounds of 20 first-time authentications (20 new keys, 20 connections) run
+       concurrently (target ≤ 5 ms under load).
+
+Clients are raw keep-alive sockets, so client-side Python barely shows in the numbers.
+Run: `make bench` (or `.venv/bin/python tools/bench_auth.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.conftest import ADMIN_TOKEN, start_server  # noqa: E402
+from vllm_use import keys  # noqa: E402
+from vllm_use.auth import Authenticator  # noqa: E402
+from vllm_use.storage import ApiKey, Database, now_ms  # noqa: E402
+
+REPEAT_TARGET_MS = 0.1
+HEALTHZ_P99_TARGET_MS = 5.0
+
+
+# --- small helpers -----------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank) of `values`."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def ms(ns: int) -> float:
+    return ns / 1e6
+
+
+class Conn:
+    """One HTTP/1.1 keep-alive connection over a raw socket: minimal client-side work."""
+
+    def __init__(self, base_url: str) -> None:
+        host, port = base_url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def request(self, method: str, path: str, token: str | None = None, body: bytes = b"") -> tuple[int, bytes]:
+        head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
+        if token:
+            head += f"Authorization: Bearer {token}\r\n"
+        self.sock.sendall(head.encode() + b"\r\n" + body)
+        while b"\r\n\r\n" not in self.buf:
+            self._recv()
+        header, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = header.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        length = next(int(v) for k, _, v in (h.partition(":") for h in lines[1:]) if k.lower() == "content-length")
+        while len(self.buf) < length:
+            self._recv()
+        payload, self.buf = self.buf[:length], self.buf[length:]
+        return status, payload
+
+    def timed(self, method: str, path: str, token: str | None = None, body: bytes = b"") -> float:
+        """Milliseconds for one request; fails loudly on an unexpected status."""
+        started = time.perf_counter_ns()
+        status, payload = self.request(method, path, token, body)
+        elapsed = ms(time.perf_counter_ns() - started)
+        if status != 200:
+            raise SystemExit(f"{method} {path} answered {status}: {payload[:300]!r}")
+        return elapsed
+
+    def _recv(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        self.buf += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# --- 1. GIL probe ------------------------------------------------------------------------------
+
+SALT = b"0123456789abcdef"
+SECRET = b"vu_" + b"A" * 48
+
+
+def derive_cryptography() -> None:
+    keys.derive(SECRET.decode(), SALT)
+
+
+def derive_hashlib() -> None:
+    hashlib.scrypt(
+        SECRET, salt=SALT, n=keys.SCRYPT_N, r=keys.SCRYPT_R, p=keys.SCRYPT_P, maxmem=64 << 20, dklen=keys.HASH_LEN
+    )
+
+
+def gil_holder(n: int) -> Callable[[], None]:
+    """A C loop that never releases the GIL (sum over a range): what a blocking derivation would be."""
+
+    def hold() -> None:
+        sum(range(n))
+
+    return hold
+
+
+def median_time_ms(fn: Callable[[], None], runs: int = 10) -> float:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter_ns()
+        fn()
+        samples.append(ms(time.perf_counter_ns() - started))
+    return statistics.median(samples)
+
+
+async def loop_lag(fn: Callable[[], None] | None, jobs: int, workers: int) -> tuple[list[float], float]:
+    """Lag (ms) of 1 ms timers on this loop while `jobs` calls of `fn` run in a `workers`-thread pool."""
+    loop = asyncio.get_running_loop()
+    lags: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        while not done.is_set():
+            started = time.perf_counter_ns()
+            await asyncio.sleep(0.001)
+            lags.append(ms(time.perf_counter_ns() - started) - 1.0)
+
+    task = asyncio.create_task(ticker())
+    started = time.perf_counter_ns()
+    if fn is None:
+        await asyncio.sleep(0.3)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            await asyncio.gather(*(loop.run_in_executor(pool, fn) for _ in range(jobs)))
+    wall = ms(time.perf_counter_ns() - started)
+    done.set()
+    await task
+    return lags, wall
+
+
+async def gil_probe() -> dict[str, Any]:
+    one = median_time_ms(derive_cryptography)
+    n = 1_000_000
+    while median_time_ms(gil_holder(n), runs=3) < one:
+        n *= 2
+    jobs = {
+        "idle (no jobs)": None,
+        "cryptography Scrypt.derive": derive_cryptography,
+        "hashlib.scrypt": derive_hashlib,
+        "control: holds the GIL": gil_holder(n),
+    }
+    out: dict[str, Any] = {"one_derivation_ms": {}, "lag": {}}
+    for name, fn in jobs.items():
+        if fn is not None:
+            out["one_derivation_ms"][name] = median_time_ms(fn)
+        for workers in (1, 2):
+            if fn is None and workers == 2:
+                continue
+            lags, wall = await loop_lag(fn, jobs=20, workers=workers)
+            out["lag"][(name, workers)] = {
+                "p50": statistics.median(lags),
+                "p99": pct(lags, 99),
+                "max": max(lags),
+                "n": len(lags),
+                "wall": wall,
+            }
+    return out
+
+
+# --- 2. repeat authentication in-process -------------------------------------------------------
+
+
+def _insert(record: dict[str, Any]) -> None:
+    ApiKey.insert(**record).execute()
+
+
+async def repeat_auth(calls: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="bench-auth-") as tmp:
+        db = Database(Path(tmp) / "bench.db")
+        db.open()
+        auth = Authenticator(db, ADMIN_TOKEN)
+        try:
+            secret, salt = keys.new_secret(), secrets.token_bytes(keys.SALT_LEN)
+            digest = await auth.derive(secret, salt)
+            record = {
+                "id": keys.new_key_id(),
+                "name": "bench",
+                "prefix": secret[: keys.PREFIX_LEN],
+                "salt": salt.hex(),
+                "hash": digest.hex(),
+                "enabled": 1,
+                "scopes": json.dumps(["admin.read"]),
+                "created_at": now_ms(),
+                "last_used_at": None,
+            }
+            await db.run(_insert, record)
+            started = time.perf_counter_ns()
+            await auth.authenticate(secret)
+            first = ms(time.perf_counter_ns() - started)
+            result = {"first_ms": first}
+            for label, token in (("key", secret), ("admin", ADMIN_TOKEN)):
+                samples = []
+                for _ in range(calls):
+                    started = time.perf_counter_ns()
+                    await auth.authenticate(token)
+                    samples.append(ms(time.perf_counter_ns() - started))
+                result[f"{label}_p50"] = statistics.median(samples)
+                result[f"{label}_p99"] = pct(samples, 99)
+            return result
+        finally:
+            auth.close()
+            db.close()
+
+
+# --- 3. against a real server ------------------------------------------------------------------
+
+TEST_BODY = b"{}"
+
+
+def first_auth(base_url: str, secrets_: list[str]) -> dict[str, float]:
+    conn = Conn(base_url)
+    try:
+        conn.timed("GET", "/healthz")  # connected and warm
+        admin = [conn.timed("POST", "/api/test", ADMIN_TOKEN, TEST_BODY) for _ in range(20)]
+        first, second, steady = [], [], []
+        for secret in secrets_:
+            first.append(conn.timed("POST", "/api/test", secret, TEST_BODY))
+            second.append(conn.timed("POST", "/api/test", secret, TEST_BODY))
+            # The second request still pays for caches scrypt's 16 MiB flushed; later ones do not.
+            steady += [conn.timed("POST", "/api/test", secret, TEST_BODY) for _ in range(3)]
+        return {
+            "admin_p50": statistics.median(admin),
+            "first_p50": statistics.median(first),
+            "first_max": max(first),
+            "second_p50": statistics.median(second),
+            "steady_p50": statistics.median(steady),
+        }
+    finally:
+        conn.close()
+
+
+def healthz_alone(base_url: str, count: int) -> list[float]:
+    conn = Conn(base_url)
+    try:
+        for _ in range(50):
+            conn.timed("GET", "/healthz")
+        return [conn.timed("GET", "/healthz") for _ in range(count)]
+    finally:
+        conn.close()
+
+
+def healthz_under_load(base_url: str, rounds: list[list[str]]) -> tuple[list[float], list[float]]:
+    """Healthz latencies while each round's keys send `POST /api/test` all at once (one connection each).
+
+    Returns the healthz latencies and the latencies of the concurrent requests (ms).
+    """
+    probe = Conn(base_url)
+    probe.timed("GET", "/healthz")
+    latencies: list[float] = []
+    auth_times: list[float] = []
+    try:
+        for batch in rounds:
+            conns = [Conn(base_url) for _ in batch]
+            for conn in conns:
+                conn.timed("GET", "/healthz")  # connections open before the window starts
+            barrier = threading.Barrier(len(batch) + 1)
+            lock = threading.Lock()
+
+            def one(conn: Conn, secret: str, barrier: threading.Barrier = barrier, lock: threading.Lock = lock) -> None:
+                barrier.wait()
+                elapsed = conn.timed("POST", "/api/test", secret, TEST_BODY)
+                with lock:
+                    auth_times.append(elapsed)
+
+            threads = [threading.Thread(target=one, args=pair) for pair in zip(conns, batch, strict=True)]
+            for thread in threads:
+                thread.start()
+            barrier.wait()
+            while any(thread.is_alive() for thread in threads):
+                latencies.append(probe.timed("GET", "/healthz"))
+            for thread in threads:
+                thread.join()
+            for conn in conns:
+                conn.close()
+    finally:
+        probe.close()
+    return latencies, auth_times
+
+
+def create_keys(base_url: str, count: int) -> list[str]:
+    conn = Conn(base_url)
+    try:
+        out = []
+        for i in range(count):
+            body = json.dumps({"name": f"bench {i}", "scopes": ["admin.read"]}).encode()
+            status, payload = conn.request("POST", "/api/keys", ADMIN_TOKEN, body)
+            if status != 201:
+                raise SystemExit(f"POST /api/keys answered {status}: {payload[:300]!r}")
+            out.append(json.loads(payload)["secret"])
+        return out
+    finally:
+        conn.close()
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def verdict(value: float, target: float) -> str:
+    return f"{'OK' if value <= target else 'OVER'} (target ≤ {target:g} ms)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--keys", type=int, default=20, help="fresh keys for the first-authentication median")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of 20 concurrent first authentications")
+    parser.add_argument("--calls", type=int, default=10_000, help="repeat authentications in-process")
+    parser.add_argument("--healthz", type=int, default=2000, help="healthz requests for the idle p99")
+    opts = parser.parse_args()
+
+    print(f"bench_auth: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, scrypt n=2^14 r=8 p=1")
+    print()
+    probe = asyncio.run(gil_probe())
+    print("1. GIL probe: asyncio loop lag (1 ms timers) while 20 derivations run in a thread pool")
+    for name, value in probe["one_derivation_ms"].items():
+        print(f"   one derivation, {name:<28} {value:7.1f} ms")
+    print(f"   {'job':<28} {'workers':>7} {'lag p50':>9} {'p99':>8} {'max':>8} {'wall':>8}  (ms)")
+    idle_p99 = probe["lag"][("idle (no jobs)", 1)]["p99"]
+    for (name, workers), lag in probe["lag"].items():
+        print(
+            f"   {name:<28} {workers:>7} {lag['p50']:9.2f} {lag['p99']:8.2f} {lag['max']:8.2f} {lag['wall']:8.0f}"
+            f"  p99 ×{lag['p99'] / max(idle_p99, 0.01):.0f} idle"
+        )
+    print()
+
+    repeat = asyncio.run(repeat_auth(opts.calls))
+    print(f"2. Repeat authentication in-process, Authenticator.authenticate × {opts.calls}")
+    print(f"   first (scrypt + SQLite)        {repeat['first_ms']:8.2f} ms")
+    print(f"   repeat, API key   p50 {repeat['key_p50']:.4f} ms  p99 {repeat['key_p99']:.4f} ms  ", end="")
+    print(verdict(repeat["key_p50"], REPEAT_TARGET_MS))
+    print(f"   repeat, admin     p50 {repeat['admin_p50']:.4f} ms  p99 {repeat['admin_p99']:.4f} ms")
+    print()
+
+    with tempfile.TemporaryDirectory(prefix="bench-auth-server-") as tmp:
+        server = start_server(Path(tmp) / "data")
+        try:
+            base = server.base_url
+            started = time.perf_counter()
+            fresh = create_keys(base, opts.keys + 20 * opts.rounds)
+            print(f"3. Server {base}: created {len(fresh)} admin.read keys in {time.perf_counter() - started:.1f} s")
+            first = first_auth(base, fresh[: opts.keys])
+            print(f"   (a) POST /api/test, keep-alive, {opts.keys} new keys:")
+            print(f"       admin token                 p50 {first['admin_p50']:7.2f} ms")
+            print(f"       first request of a new key  p50 {first['first_p50']:7.2f} ms  (max {first['first_max']:.1f})")
+            print(f"       second request, same key    p50 {first['second_p50']:7.2f} ms  (caches cold after scrypt)")
+            print(f"       3rd-5th requests, same key  p50 {first['steady_p50']:7.2f} ms")
+            print(f"       first-authentication cost   p50 {first['first_p50'] - first['steady_p50']:7.2f} ms")
+            idle = healthz_alone(base, opts.healthz)
+            # Control: the same bursts of 20 concurrent requests with keys already verified (no scrypt).
+            cached, cached_times = healthz_under_load(base, [fresh[:20]] * (10 * opts.rounds))
+            rest = fresh[opts.keys :]
+            rounds = [rest[i * 20 : (i + 1) * 20] for i in range(opts.rounds)]
+            loaded, auth_times = healthz_under_load(base, rounds)
+            idle_p99, loaded_p99 = pct(idle, 99), pct(loaded, 99)
+            print(f"   (b) GET /healthz one after another on a keep-alive connection, while bursts of 20")
+            print("       concurrent POST /api/test run (one connection each)")
+            print(f"       {'load':<40} {'n':>6} {'p50':>7} {'p99':>7} {'max':>7} {'p99/alone':>9}  (ms)")
+            rows = (
+                ("none (alone)", idle),
+                (f"{10 * opts.rounds} × 20 cached keys (control)", cached),
+                (f"{opts.rounds} × 20 first-time keys (scrypt)", loaded),
+            )
+            for label, values in rows:
+                print(
+                    f"       {label:<40} {len(values):>6} {statistics.median(values):7.2f} {pct(values, 99):7.2f}"
+                    f" {max(values):7.2f} {pct(values, 99) / idle_p99:8.1f}×"
+                )
+            print(f"       p99 under first-time load: {verdict(loaded_p99, HEALTHZ_P99_TARGET_MS)}")
+            print(
+                f"       the burst requests themselves: cached p50 {statistics.median(cached_times):.1f} ms;"
+                f" first-time p50 {statistics.median(auth_times):.0f} ms, max {max(auth_times):.0f} ms"
+                " (queued behind 2 crypto workers)"
+            )
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
