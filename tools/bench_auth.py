@@ -3,9 +3,10 @@
 Not a test: it prints numbers, compared against targets, for docs/performance.md. One run measures:
 
 1. GIL probe (in-process, no server): the lag of an asyncio loop while 20 scrypt derivations run
-   in a 2-thread pool, for `cryptography`'s `Scrypt.derive` (what vllm_use.keys uses), for
-   `hashlib.scrypt` with the same parameters, and for a control job that holds the GIL for as
-   long as one derivation. If a derivation held the GIL, the loop would stall like the control.
+   in a 1- and a 2-thread pool, for `cryptography`'s `Scrypt.derive` (what vllm_use.keys uses),
+   for `hashlib.scrypt` with the same parameters, and for two controls as long as one
+   derivation: `time.sleep` (releases the GIL, no CPU) and a C loop that holds the GIL. If a
+   derivation held the GIL, the loop would stall like the second control.
 2. Repeat authentication (in-process): `Authenticator.authenticate` of a key already verified
    once, on a temporary Database; median of 10,000 calls (target ≤ 0.1 ms).
 3. A real `vllm-use serve` child (tests.conftest.start_server) on loopback:
@@ -72,7 +73,9 @@ class Conn:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
 
-    def request(self, method: str, path: str, token: str | None = None, body: bytes = b"") -> tuple[int, bytes]:
+    def request(
+        self, method: str, path: str, token: str | None = None, body: bytes = b""
+    ) -> tuple[int, bytes]:
         head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
         if token:
             head += f"Authorization: Bearer {token}\r\n"
@@ -82,7 +85,9 @@ class Conn:
         header, self.buf = self.buf.split(b"\r\n\r\n", 1)
         lines = header.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1])
-        length = next(int(v) for k, _, v in (h.partition(":") for h in lines[1:]) if k.lower() == "content-length")
+        length = next(
+            int(v) for k, _, v in (h.partition(":") for h in lines[1:]) if k.lower() == "content-length"
+        )
         while len(self.buf) < length:
             self._recv()
         payload, self.buf = self.buf[:length], self.buf[length:]
@@ -119,7 +124,13 @@ def derive_cryptography() -> None:
 
 def derive_hashlib() -> None:
     hashlib.scrypt(
-        SECRET, salt=SALT, n=keys.SCRYPT_N, r=keys.SCRYPT_R, p=keys.SCRYPT_P, maxmem=64 << 20, dklen=keys.HASH_LEN
+        SECRET,
+        salt=SALT,
+        n=keys.SCRYPT_N,
+        r=keys.SCRYPT_R,
+        p=keys.SCRYPT_P,
+        maxmem=64 << 20,
+        dklen=keys.HASH_LEN,
     )
 
 
@@ -130,6 +141,15 @@ def gil_holder(n: int) -> Callable[[], None]:
         sum(range(n))
 
     return hold
+
+
+def sleeper(seconds: float) -> Callable[[], None]:
+    """Releases the GIL and uses no CPU: the floor of what a thread pool costs the loop."""
+
+    def nap() -> None:
+        time.sleep(seconds)
+
+    return nap
 
 
 def median_time_ms(fn: Callable[[], None], runs: int = 10) -> float:
@@ -173,6 +193,7 @@ async def gil_probe() -> dict[str, Any]:
         n *= 2
     jobs = {
         "idle (no jobs)": None,
+        "control: time.sleep": sleeper(one / 1000),
         "cryptography Scrypt.derive": derive_cryptography,
         "hashlib.scrypt": derive_hashlib,
         "control: holds the GIL": gil_holder(n),
@@ -294,7 +315,9 @@ def healthz_under_load(base_url: str, rounds: list[list[str]]) -> tuple[list[flo
             barrier = threading.Barrier(len(batch) + 1)
             lock = threading.Lock()
 
-            def one(conn: Conn, secret: str, barrier: threading.Barrier = barrier, lock: threading.Lock = lock) -> None:
+            def one(
+                conn: Conn, secret: str, barrier: threading.Barrier = barrier, lock: threading.Lock = lock
+            ) -> None:
                 barrier.wait()
                 elapsed = conn.timed("POST", "/api/test", secret, TEST_BODY)
                 with lock:
@@ -374,14 +397,22 @@ def main() -> None:
             base = server.base_url
             started = time.perf_counter()
             fresh = create_keys(base, opts.keys + 20 * opts.rounds)
-            print(f"3. Server {base}: created {len(fresh)} admin.read keys in {time.perf_counter() - started:.1f} s")
+            print(
+                f"3. Server {base}: created {len(fresh)} admin.read keys in {time.perf_counter() - started:.1f} s"
+            )
             first = first_auth(base, fresh[: opts.keys])
             print(f"   (a) POST /api/test, keep-alive, {opts.keys} new keys:")
             print(f"       admin token                 p50 {first['admin_p50']:7.2f} ms")
-            print(f"       first request of a new key  p50 {first['first_p50']:7.2f} ms  (max {first['first_max']:.1f})")
-            print(f"       second request, same key    p50 {first['second_p50']:7.2f} ms  (caches cold after scrypt)")
+            print(
+                f"       first request of a new key  p50 {first['first_p50']:7.2f} ms  (max {first['first_max']:.1f})"
+            )
+            print(
+                f"       second request, same key    p50 {first['second_p50']:7.2f} ms  (caches cold after scrypt)"
+            )
             print(f"       3rd-5th requests, same key  p50 {first['steady_p50']:7.2f} ms")
-            print(f"       first-authentication cost   p50 {first['first_p50'] - first['steady_p50']:7.2f} ms")
+            print(
+                f"       first-authentication cost   p50 {first['first_p50'] - first['steady_p50']:7.2f} ms"
+            )
             idle = healthz_alone(base, opts.healthz)
             # Control: the same bursts of 20 concurrent requests with keys already verified (no scrypt).
             cached, cached_times = healthz_under_load(base, [fresh[:20]] * (10 * opts.rounds))
