@@ -23,7 +23,7 @@ run: .venv
 test-tools: tools/node_modules/.installed
 
 tools/node_modules/.installed: tools/package.json tools/package-lock.json
-	npm ci --prefix tools --no-audit --no-fund --loglevel=error
+	npm ci --prefix tools --ignore-scripts --no-audit --no-fund --loglevel=error
 	touch $@
 
 test: .venv test-tools

@@ -87,16 +87,18 @@ class JsonHandler(tornado.web.RequestHandler):
 
     async def prepare(self) -> None:
         try:
-            # A body over the cap is still read (and dropped) up to the server's max_body_size:
-            # closing while the client is still sending makes the kernel reset the connection,
-            # and the client would never see the 413.
-            self.check_body_size()
             await self.before_body()
         except VllmUseError as exc:
             self.answer_after_body(exc)
 
     async def before_body(self) -> None:
-        """Checks that run once the headers are in, before the body is read (auth by default)."""
+        """Checks that run once the headers are in, before the body is read: size cap, then auth.
+
+        A body over the cap is still read (and dropped) up to the server's max_body_size:
+        closing while the client is still sending makes the kernel reset the connection, and
+        the client would never see the 413.
+        """
+        self.check_body_size()
         if not self.public:
             self.identity = await self.authenticate()
 

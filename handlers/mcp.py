@@ -194,38 +194,17 @@ class McpHandler(JsonHandler):
 
     surface = Surface.MCP
 
-    async def prepare(self) -> None:
+    async def before_body(self) -> None:
         """Origin (403) → verb (405) → declared size (413) → credential (401), before any body is read.
 
-        A declared oversize body is refused at once (Tornado then drops the
-        connection). Other refusals are answered by `_refuse` once the capped
-        body has arrived: answering before reading it would also drop the
-        connection, and a client reusing it would get a reset.
+        The base handler answers a refusal once the (dropped) body has arrived.
         """
-        self._refusal: VllmUseError | None = None
-        try:
-            if not self._origin_allowed():
-                raise PermissionDenied("this Origin may not use /mcp (see --trusted-origins)")
-            if self.request.method != "POST":
-                raise MethodNotAllowed("/mcp takes POST only (MCP 2026-07-28, stateless Streamable HTTP)")
-            self.check_body_size()
-            self.identity = await self.authenticate()
-        except PayloadTooLarge as exc:
-            self.fail(exc)
-        except VllmUseError as exc:
-            self._refusal = exc
-
-    def _refuse(self) -> bool:
-        """Answer the refusal decided in `prepare`, if any. Every verb calls this first."""
-        if self._refusal is None:
-            return False
-        self.fail(self._refusal)
-        return True
-
-    def _not_post(self, *args: Any) -> None:
-        self._refuse()
-
-    get = head = delete = put = patch = options = _not_post
+        if not self._origin_allowed():
+            raise PermissionDenied("this Origin may not use /mcp (see --trusted-origins)")
+        if self.request.method != "POST":
+            raise MethodNotAllowed("/mcp takes POST only (MCP 2026-07-28, stateless Streamable HTTP)")
+        self.check_body_size()
+        self.identity = await self.authenticate()
 
     def _origin_allowed(self) -> bool:
         """No Origin and not `Sec-Fetch-Site: cross-site` → allowed; else our own or a trusted origin only."""
@@ -252,8 +231,6 @@ class McpHandler(JsonHandler):
     # --- the exchange ----------------------------------------------------------------------------
 
     async def post(self) -> None:
-        if self._refuse():
-            return
         try:
             body = self.body
         except PayloadTooLarge as exc:
