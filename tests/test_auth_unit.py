@@ -47,7 +47,14 @@ def db(tmp_path: Path):
 
 def test_parse_bearer_accepts_only_the_canonical_form() -> None:
     assert parse_bearer(["Bearer abc"]) == "abc"
-    for values in ([], ["Bearer a", "Bearer a"], ["Bearer a, Bearer b"], ["bearer a"], ["Bearer  a"], ["Bearer "]):
+    for values in (
+        [],
+        ["Bearer a", "Bearer a"],
+        ["Bearer a, Bearer b"],
+        ["bearer a"],
+        ["Bearer  a"],
+        ["Bearer "],
+    ):
         with pytest.raises(Unauthenticated):
             parse_bearer(values)
 
@@ -110,7 +117,9 @@ def test_forget_makes_the_next_request_reread_sqlite(db: Database) -> None:
     asyncio.run(scenario())
 
 
-def test_cached_key_is_rechecked_against_sqlite_after_the_revalidation_period(db: Database, monkeypatch) -> None:
+def test_cached_key_is_rechecked_against_sqlite_after_the_revalidation_period(
+    db: Database, monkeypatch
+) -> None:
     key_id, secret = insert_key(db, ["admin.read"])
 
     async def scenario() -> None:

@@ -17,7 +17,17 @@ from handlers.api import ROUTES  # noqa: E402
 from vllm_use.abilities import build_registry  # noqa: E402
 
 TARGET = ROOT / "docs" / "api_methods.md"
-CONSTRAINTS = ("minLength", "maxLength", "minimum", "maximum", "minItems", "maxItems", "pattern", "enum", "default")
+CONSTRAINTS = (
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+    "minItems",
+    "maxItems",
+    "pattern",
+    "enum",
+    "default",
+)
 
 
 def _type(schema: dict[str, Any], defs: dict[str, Any]) -> str:

@@ -274,7 +274,12 @@ def parse_origins(value: str, label: str) -> tuple[str, ...]:
         if not item:
             continue
         parts = urlsplit(item)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.path not in ("", "/")
+            or parts.query
+        ):
             raise ConfigError(label, f"expects origins like https://example.com:8443, got {item!r}")
         origins.append(item.rstrip("/").lower())
     return tuple(origins)
