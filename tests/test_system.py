@@ -1,0 +1,81 @@
+"""system.get (S4.4): tools found, missing or broken are reported as they are; children get no secrets."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+from tests.conftest import ADMIN_TOKEN, start_server
+
+
+def write_script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_tools_are_reported_available_missing_or_error(tmp_path: Path) -> None:
+    env_dump = tmp_path / "vllm-env.txt"
+    vllm = write_script(tmp_path / "vllm", f'env > "{env_dump}"\necho "0.32.0+cpu"\n')
+    hf = write_script(tmp_path / "hf", 'echo "boom: cannot import" >&2\nexit 3\n')
+    server = start_server(
+        tmp_path / "data",
+        "--vllm-bin",
+        str(vllm),
+        "--hf-bin",
+        str(hf),
+        "--upstream-api-key",
+        "upstream-secret-0123456789",
+        env={"HF_TOKEN": "hf_secret_should_not_leak"},
+    )
+    try:
+        body = server.fetch("/api/system").json()
+    finally:
+        server.stop()
+    tools = {t["name"]: t for t in body["tools"]}
+    assert tools["vllm"] == {
+        "name": "vllm",
+        "status": "available",
+        "path": str(vllm),
+        "version": "0.32.0+cpu",
+        "message": None,
+    }
+    assert tools["hf"]["status"] == "error"
+    assert "exit 3" in tools["hf"]["message"] and "boom" in tools["hf"]["message"]
+    expected_smi = "available" if shutil.which("nvidia-smi") else "missing"
+    assert tools["nvidia-smi"]["status"] in (expected_smi, "error")
+    child_env = env_dump.read_text()
+    assert ADMIN_TOKEN not in child_env
+    assert "upstream-secret-0123456789" not in child_env
+    assert "hf_secret_should_not_leak" not in child_env
+    assert "VLLM_USE_" not in child_env
+
+
+def test_a_missing_tool_is_missing(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "data", "--vllm-bin", str(tmp_path / "no-such-vllm"))
+    try:
+        tools = {t["name"]: t for t in server.fetch("/api/system").json()["tools"]}
+    finally:
+        server.stop()
+    assert tools["vllm"] == {
+        "name": "vllm",
+        "status": "missing",
+        "path": None,
+        "version": None,
+        "message": None,
+    }
+
+
+def test_the_real_hf_cli_is_found_with_its_version(tmp_path: Path) -> None:
+    hf = shutil.which("hf") or str(Path(sys.executable).parent / "hf")
+    server = start_server(tmp_path / "data", "--hf-bin", hf)
+    try:
+        tools = {t["name"]: t for t in server.fetch("/api/system").json()["tools"]}
+    finally:
+        server.stop()
+    import huggingface_hub
+
+    assert tools["hf"]["status"] == "available", tools["hf"]
+    assert tools["hf"]["version"] == huggingface_hub.__version__
