@@ -60,6 +60,10 @@ ROUTES: tuple[Route, ...] = (
 META_SCOPE = MethodScope(api=Scope.ADMIN_READ, mcp=None)
 
 
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _coerce_query(annotation: Any, name: str, raw: str) -> Any:
     """Query strings → the field's JSON type (the input models are strict)."""
     base = typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
@@ -105,8 +109,8 @@ class RouteHandler(JsonHandler):
         body = self.body
         if route.body and body.strip():
             try:
-                value = json.loads(body)
-            except (ValueError, UnicodeDecodeError):
+                value = json.loads(body, parse_constant=_not_json)
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
                 raise InvalidArguments(
                     "invalid arguments: the body is not valid JSON", errors=[{"loc": ["body"]}]
                 ) from None
@@ -140,6 +144,9 @@ class RouteHandler(JsonHandler):
         return args
 
     get = post = put = delete = _dispatch
+
+    def allowed_verbs(self) -> list[str]:
+        return list(self.routes)
 
 
 @tornado.web.stream_request_body

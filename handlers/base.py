@@ -127,7 +127,13 @@ class JsonHandler(tornado.web.RequestHandler):
         self.set_status(status)
         self.finish(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
 
+    def allowed_verbs(self) -> list[str]:
+        """The verbs this path serves, for the `Allow` header of a 405."""
+        return [v for v in ("GET", "POST", "PUT", "DELETE") if type(self).__dict__.get(v.lower())]
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.allowed_verbs()))
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, VllmUseError):
             if isinstance(exc, Unauthenticated):

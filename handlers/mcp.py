@@ -223,10 +223,8 @@ class McpHandler(JsonHandler):
         trusted = {origin_key(o) for o in self.app.config.trusted_origins}
         return origin == own or origin in trusted
 
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        if status_code == 405:
-            self.set_header("Allow", "POST")
-        super().write_error(status_code, **kwargs)
+    def allowed_verbs(self) -> list[str]:
+        return ["POST"]
 
     # --- the exchange ----------------------------------------------------------------------------
 

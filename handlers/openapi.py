@@ -40,6 +40,13 @@ ERROR_STATUSES = {
 REF = "#/components/schemas/{model}"
 
 
+def _error_response(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
+    }
+
+
 def openapi_document(registry: Registry, routes: tuple[Any, ...]) -> dict[str, Any]:
     return copy.deepcopy(_build(registry, routes))
 
@@ -76,13 +83,7 @@ def _build(registry: Registry, routes: tuple[Any, ...]) -> dict[str, Any]:
                     "description": "Success",
                     "content": {"application/json": {"schema": refs[(method.output, "serialization")]}},
                 },
-                **{
-                    code: {
-                        "description": text,
-                        "content": {"application/json": {"schema": {"$ref": REF.format(model="Error")}}},
-                    }
-                    for code, text in ERROR_STATUSES.items()
-                },
+                **{code: _error_response(text) for code, text in ERROR_STATUSES.items()},
             },
         }
         if route.body:
@@ -112,7 +113,10 @@ def _build(registry: Registry, routes: tuple[Any, ...]) -> dict[str, Any]:
             "get": {
                 "operationId": "meta_" + path.rsplit("/", 1)[1].replace(".", "_"),
                 "summary": summary,
-                "responses": {"200": meta_response, "401": {"description": ERROR_STATUSES["401"]}},
+                "responses": {
+                    "200": meta_response,
+                    **{code: _error_response(ERROR_STATUSES[code]) for code in ("401", "403", "500")},
+                },
             }
         }
     return {

@@ -226,3 +226,20 @@ def test_mcp_status_names_the_endpoint(shared_server: Server) -> None:
     assert body["endpoint"] == shared_server.base_url + "/mcp"
     assert body["protocol_version"] == "2026-07-28"
     assert body["tool_count"] == len(shared_server.fetch("/api/methods").json()["methods"])
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [("PATCH", "/api/settings", "GET, PUT"), ("DELETE", "/api/system", "GET"), ("GET", "/mcp", "POST")],
+)
+def test_405_names_the_allowed_verbs(shared_server: Server, method: str, path: str, allow: str) -> None:
+    r = shared_server.fetch(path, method)
+    assert r.status_code == 405
+    assert r.headers["allow"] == allow
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_json_number_constants_are_refused(shared_server: Server, constant: bytes) -> None:
+    r = shared_server.fetch("/api/test", "POST", content=b'{"message": ' + constant + b"}")
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "invalid_arguments"

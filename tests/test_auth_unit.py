@@ -145,3 +145,47 @@ def test_admin_token_and_wrong_secrets(db: Database) -> None:
         authenticator.close()
 
     asyncio.run(scenario())
+
+
+def test_concurrent_first_requests_with_one_key_share_one_scrypt(db: Database, monkeypatch) -> None:
+    _, secret = insert_key(db, ["admin.read"])
+    calls = []
+    real = keys.matches
+    monkeypatch.setattr(auth_mod.keys, "matches", lambda *a: calls.append(1) or real(*a))
+
+    async def scenario() -> None:
+        authenticator = Authenticator(db, ADMIN)
+        identities = await asyncio.gather(*(authenticator.authenticate(secret) for _ in range(10)))
+        assert {i.key_id for i in identities} == {identities[0].key_id}
+        authenticator.close()
+
+    asyncio.run(scenario())
+    assert len(calls) == 1
+
+
+def test_a_request_after_disable_does_not_join_an_older_verification(db: Database, monkeypatch) -> None:
+    key_id, secret = insert_key(db, ["admin.read"])
+    started, release = threading.Event(), threading.Event()
+    real = keys.matches
+
+    def slow_matches(*args):
+        started.set()
+        release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(auth_mod.keys, "matches", slow_matches)
+
+    async def scenario() -> None:
+        authenticator = Authenticator(db, ADMIN)
+        first = asyncio.ensure_future(authenticator.authenticate(secret))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        authenticator.forget(key_id)
+        await db.run(lambda: ApiKey.update(enabled=0).where(ApiKey.id == key_id).execute())
+        second = asyncio.ensure_future(authenticator.authenticate(secret))
+        release.set()
+        for attempt in (first, second):
+            with pytest.raises(Unauthenticated):
+                await attempt
+        authenticator.close()
+
+    asyncio.run(scenario())

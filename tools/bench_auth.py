@@ -57,6 +57,8 @@ HEALTHZ_P99_TARGET_MS = 5.0
 def pct(values: list[float], q: float) -> float:
     """The q-th percentile (nearest rank) of `values`."""
     ordered = sorted(values)
+    if not ordered:
+        return float("nan")
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
@@ -405,6 +407,9 @@ def report_healthz(rows: list[tuple[str, list[float]]]) -> None:
     print(f"       {'load':<38} {'n':>6} {'p50':>6} {'p99':>6} {'max':>6} {'p99/alone':>9}  (ms)")
     idle_p99 = pct(rows[0][1], 99)
     for label, values in rows:
+        if not values:
+            print(f"       {label:<38} {0:>6}  (no samples)")
+            continue
         p99 = pct(values, 99)
         cells = f"{statistics.median(values):6.2f} {p99:6.2f} {max(values):6.2f} {p99 / idle_p99:8.1f}×"
         print(f"       {label:<38} {len(values):>6} {cells}")
@@ -435,7 +440,8 @@ def main() -> None:
             report_first(first_auth(base, fresh[: opts.keys]), opts.keys)
             idle = healthz_alone(base, opts.healthz)
             # Control: the same bursts with keys verified in (a), so no scrypt: what a burst alone costs.
-            cached, cached_times = healthz_under_load(base, [fresh[:20]] * (10 * opts.rounds))
+            verified = (fresh[: opts.keys] * 20)[:20]
+            cached, cached_times = healthz_under_load(base, [verified] * (10 * opts.rounds))
             rest = fresh[opts.keys :]
             loaded, first_times = healthz_under_load(
                 base, [rest[i * 20 : (i + 1) * 20] for i in range(opts.rounds)]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -72,10 +73,20 @@ class _Verified:
 class Authenticator:
     """Turns a token into an Identity. Runs on the IOLoop; slow work goes to executors."""
 
-    def __init__(self, db: Database, admin_token: str, crypto_workers: int = 2) -> None:
+    def __init__(self, db: Database, admin_token: str, crypto_workers: int | None = None) -> None:
         self._db = db
         self._admin_digest = hashlib.sha256(admin_token.encode()).digest()
-        self._crypto = ThreadPoolExecutor(max_workers=crypto_workers, thread_name_prefix="scrypt")
+        # Leave a core to the IOLoop: with every core busy deriving, the loop waits for the
+        # scheduler and /healthz p99 doubles (docs/performance.md).
+        workers = crypto_workers or max(1, min(2, len(os.sched_getaffinity(0)) - 1))
+        self._crypto = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="scrypt", initializer=_lower_thread_priority
+        )
+        # Verifications in flight, shared by concurrent first requests with one secret. Keyed
+        # with the mutation generation, so a request arriving after a key changed never joins
+        # a verification that started before.
+        self._inflight: dict[tuple[bytes, int], asyncio.Future[Identity]] = {}
+        self._generation = 0
         self._cache: OrderedDict[bytes, _Verified] = OrderedDict()
         self._epochs: dict[str, int] = {}
         self._used: dict[str, int] = {}  # key id → newest last_used_at not yet written
@@ -98,7 +109,19 @@ class Authenticator:
                 hit.checked_at = time.monotonic()
                 return hit.identity
         self._cache.pop(digest, None)
-        return await self._verify(token, digest)
+        # Concurrent first requests with the same new key share one verification.
+        slot = (digest, self._generation)
+        future = self._inflight.get(slot)
+        if future is None:
+            future = asyncio.ensure_future(self._verify(token, digest))
+            self._inflight[slot] = future
+            future.add_done_callback(lambda done: self._settled(slot, done))
+        return await asyncio.shield(future)
+
+    def _settled(self, slot: tuple[bytes, int], future: asyncio.Future[Identity]) -> None:
+        self._inflight.pop(slot, None)
+        if not future.cancelled():
+            future.exception()  # retrieved here: every waiter may have gone away
 
     async def _recheck(self, hit: _Verified) -> bool:
         """Cheap revalidation of a cached key against SQLite (no scrypt)."""
@@ -143,6 +166,7 @@ class Authenticator:
     def forget(self, key_id: str) -> None:
         """Call before writing any change to a key: the next request re-reads SQLite."""
         self._epochs[key_id] = self._epochs.get(key_id, 0) + 1
+        self._generation += 1
         for digest in [d for d, v in self._cache.items() if v.identity.key_id == key_id]:
             del self._cache[digest]
 
@@ -163,6 +187,14 @@ class Authenticator:
 
     def close(self) -> None:
         self._crypto.shutdown(wait=False, cancel_futures=True)
+
+
+def _lower_thread_priority() -> None:
+    """Runs in each scrypt thread: on Linux this lowers the calling thread only, not the loop."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 10)
+    except (AttributeError, OSError):
+        pass
 
 
 # --- SQLite work: these run on the database thread -------------------------------------------

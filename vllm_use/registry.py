@@ -20,6 +20,8 @@ from vllm_use.scopes import MethodScope
 if TYPE_CHECKING:
     from vllm_use.context import Call
 
+# JSON Schema pattern for text without control characters (C0, DEL, C1): published and enforced.
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
 _NAME = re.compile(r"[a-z][a-z_]*(\.[a-z][a-z_]*)*")
 
 

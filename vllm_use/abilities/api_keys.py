@@ -15,7 +15,7 @@ from pydantic import Field, StringConstraints
 from vllm_use import keys
 from vllm_use.context import Call
 from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
-from vllm_use.registry import Args, NoArgs, Registry, Result
+from vllm_use.registry import NO_CONTROL, Args, NoArgs, Registry, Result
 from vllm_use.scopes import ADMIN_WRITE, KEYS_READ
 from vllm_use.storage import ApiKey, now_ms
 
@@ -25,14 +25,16 @@ ScopeName = Literal[
 KeyId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]{24}$")]
 KeyName = Annotated[
     str,
-    StringConstraints(min_length=1, max_length=keys.NAME_MAX_BYTES),
+    StringConstraints(min_length=1, max_length=keys.NAME_MAX_BYTES, pattern=NO_CONTROL),
     Field(description="1 to 128 UTF-8 bytes, no control characters"),
 ]
 
 
 class CreateArgs(Args):
     name: KeyName
-    scopes: list[ScopeName] = Field(min_length=1, max_length=7, description="distinct scopes")
+    scopes: list[ScopeName] = Field(
+        min_length=1, max_length=7, description="distinct scopes", json_schema_extra={"uniqueItems": True}
+    )
 
 
 class IdArgs(Args):

@@ -10,32 +10,24 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any
 
-from pydantic import Field, StringConstraints, field_validator
+from pydantic import Field, StringConstraints
 
 from vllm_use.context import Call
 from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
 from vllm_use.keys import iso
-from vllm_use.registry import Args, NoArgs, Registry, Result
+from vllm_use.registry import NO_CONTROL, Args, NoArgs, Registry, Result
 from vllm_use.scopes import ADMIN_WRITE, READ
 from vllm_use.sensitive import is_sensitive_key
 from vllm_use.storage import Setting, now_ms
 
 KEY_MAX, VALUE_MAX, BATCH_MAX = 128, 8192, 256
-SettingKey = Annotated[str, StringConstraints(min_length=1, max_length=KEY_MAX)]
-SettingValue = Annotated[str, StringConstraints(max_length=VALUE_MAX)]
-
-
-def _no_control(value: str) -> str:
-    if any(unicodedata.category(c) == "Cc" for c in value):
-        raise ValueError("control characters are not allowed")
-    return value
+SettingKey = Annotated[str, StringConstraints(min_length=1, max_length=KEY_MAX, pattern=NO_CONTROL)]
+SettingValue = Annotated[str, StringConstraints(max_length=VALUE_MAX, pattern=NO_CONTROL)]
 
 
 class SettingItem(Args):
     key: SettingKey
     value: SettingValue
-
-    _check = field_validator("key", "value")(classmethod(lambda cls, v: _no_control(v)))
 
 
 class UpdateArgs(Args):
