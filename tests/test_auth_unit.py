@@ -45,6 +45,20 @@ def db(tmp_path: Path):
     database.close()
 
 
+def hold_scrypt(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Make scrypt wait: `started` is set when a derivation begins, it finishes after `release`."""
+    started, release = threading.Event(), threading.Event()
+    real = keys.matches
+
+    def slow_matches(*args):
+        started.set()
+        release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(auth_mod.keys, "matches", slow_matches)
+    return started, release
+
+
 def test_parse_bearer_accepts_only_the_canonical_form() -> None:
     assert parse_bearer(["Bearer abc"]) == "abc"
     for values in (
@@ -61,15 +75,7 @@ def test_parse_bearer_accepts_only_the_canonical_form() -> None:
 
 def test_key_disabled_during_derivation_does_not_authenticate(db: Database, monkeypatch) -> None:
     key_id, secret = insert_key(db, ["admin.read"])
-    started, release = threading.Event(), threading.Event()
-    real = keys.matches
-
-    def slow_matches(*args):
-        started.set()
-        release.wait(10)
-        return real(*args)
-
-    monkeypatch.setattr(auth_mod.keys, "matches", slow_matches)
+    started, release = hold_scrypt(monkeypatch)
 
     async def scenario() -> None:
         authenticator = Authenticator(db, ADMIN)
@@ -165,15 +171,7 @@ def test_concurrent_first_requests_with_one_key_share_one_scrypt(db: Database, m
 
 def test_a_request_after_disable_does_not_join_an_older_verification(db: Database, monkeypatch) -> None:
     key_id, secret = insert_key(db, ["admin.read"])
-    started, release = threading.Event(), threading.Event()
-    real = keys.matches
-
-    def slow_matches(*args):
-        started.set()
-        release.wait(10)
-        return real(*args)
-
-    monkeypatch.setattr(auth_mod.keys, "matches", slow_matches)
+    started, release = hold_scrypt(monkeypatch)
 
     async def scenario() -> None:
         authenticator = Authenticator(db, ADMIN)
