@@ -45,6 +45,18 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/dashboard", "dashboard.get"),
     Route("GET", "/api/mcp", "mcp.status"),
     Route("GET", "/api/gpus", "gpu.list"),
+    Route("GET", "/api/models", "models.list"),
+    Route("GET", "/api/models/{id}", "models.get"),
+    Route("POST", "/api/models/local", "models.register_local", status=201, body="object"),
+    Route("POST", "/api/models/huggingface", "models.register_huggingface", status=201, body="object"),
+    Route("POST", "/api/models/scan", "models.scan"),
+    Route("DELETE", "/api/models/{id}", "models.delete", query=("files",)),
+    Route("GET", "/api/downloads", "downloads.list"),
+    Route("POST", "/api/downloads", "downloads.start", status=201, body="object"),
+    Route("GET", "/api/downloads/{id}", "downloads.status"),
+    Route("GET", "/api/downloads/{id}/logs", "downloads.logs", query=("tail",)),
+    Route("POST", "/api/downloads/{id}/cancel", "downloads.cancel"),
+    Route("POST", "/api/downloads/{id}/retry", "downloads.retry", body="object"),
     Route("GET", "/api/keys", "api_keys.list"),
     Route("POST", "/api/keys", "api_keys.create", status=201, body="object"),
     Route("POST", "/api/keys/{id}/enable", "api_keys.enable"),
@@ -193,5 +205,7 @@ def default_handlers(common: dict[str, Any]) -> list[tuple[str, type, dict[str, 
         (r"/api/methods/?", MetaHandler, {"document": "methods", **common}),
         (r"/api/openapi\.json", MetaHandler, {"document": "openapi", **common}),
     ]
-    handlers += [(pattern, RouteHandler, {"routes": verbs, **common}) for pattern, verbs in by_path.items()]
+    # Literal paths first: /api/models/local must not be taken for /api/models/{id}.
+    ordered = sorted(by_path.items(), key=lambda item: "(?P<" in item[0])
+    handlers += [(pattern, RouteHandler, {"routes": verbs, **common}) for pattern, verbs in ordered]
     return handlers

@@ -176,10 +176,13 @@ def test_existing_database_with_loose_permissions_is_tightened_to_0600(
     assert mode_of(Path(str(db_path) + "-shm")) & 0o077 == 0
 
 
-def test_v1_database_migrates_to_v2_keeping_its_rows(open_db: Callable[[], Database], db_path: Path) -> None:
+def test_v1_database_migrates_to_the_current_version_keeping_its_rows(
+    open_db: Callable[[], Database], db_path: Path
+) -> None:
     build_database(db_path, 1, extra=add_v1_rows)
     open_db().close()
-    assert inspect(db_path, "PRAGMA user_version") == [(2,)]
+    assert inspect(db_path, "PRAGMA user_version") == [(storage.SCHEMA_VERSION,)]
+    assert inspect(db_path, "SELECT count(*) FROM models") == [(0,)]
     assert inspect(db_path, "SELECT id, name, scopes FROM api_keys") == [("k" * 24, "ci", '["inference"]')]
     assert inspect(db_path, "SELECT key, value FROM settings") == [("theme", "dark")]
     assert inspect(db_path, "SELECT count(*) FROM audit_records") == [(0,)]
@@ -194,13 +197,15 @@ def test_newer_schema_version_refuses_to_start_and_leaves_the_file_unchanged(
         conn.commit()  # journal_mode cannot change inside a transaction
         assert conn.execute(f"PRAGMA journal_mode = {journal_mode}").fetchone() == (journal_mode,)
 
-    build_database(db_path, 3, extra=journal)
+    newer = storage.SCHEMA_VERSION + 1
+    build_database(db_path, newer, extra=journal)
     db_path.chmod(0o600)
     before = sha256(db_path)
     with pytest.raises(ConfigError) as info:
         open_db()
     assert info.value.option == "--data-dir"
-    assert "schema version 3 is newer than this vllm-use supports (2); refusing to start" in str(info.value)
+    expected = f"schema version {newer} is newer than this vllm-use supports ({storage.SCHEMA_VERSION})"
+    assert expected + "; refusing to start" in str(info.value)
     assert sha256(db_path) == before
 
 

@@ -19,14 +19,17 @@ import tornado.httpserver
 import tornado.web
 from tornado.ioloop import PeriodicCallback
 
-from handlers import api, mcp, static
+from handlers import api, events, mcp, static
 from handlers.base import NotFoundJson
 from vllm_use import fsafety
 from vllm_use.abilities import build_registry
 from vllm_use.auth import FLUSH_S, Authenticator
 from vllm_use.config import Config
 from vllm_use.context import AppContext
+from vllm_use.downloads.manager import DownloadManager
+from vllm_use.errors import ConfigError
 from vllm_use.executor import Executor
+from vllm_use.recovery import recover
 from vllm_use.storage import Database
 
 log = logging.getLogger(__name__)
@@ -59,14 +62,22 @@ def build_context(config: Config) -> AppContext:
     token = admin_token(config)
     db = Database(config.db_path)
     db.open()
+    try:
+        recover(db, config.models_dir)
+        downloads = DownloadManager(config, db, stall_after_s=config.download_stall_timeout)
+        downloads.prepare()
+    except ConfigError:
+        db.close()
+        raise
     auth = Authenticator(db, token)
-    return AppContext(config=config, db=db, auth=auth, registry=build_registry())
+    return AppContext(config=config, db=db, auth=auth, registry=build_registry(), downloads=downloads)
 
 
 def make_app(app: AppContext) -> tornado.web.Application:
     executor = Executor(app.registry, app)
     common: dict[str, Any] = {"app": app, "executor": executor}
     handlers: list[Any] = []
+    handlers += events.default_handlers(common)  # before /api/downloads/{id}
     handlers += api.default_handlers(common)
     handlers += mcp.default_handlers(common)
     # /api, /mcp and /v1 never fall back to the console.
@@ -91,13 +102,16 @@ async def run(app: AppContext) -> int:
     flusher.start()
     await stop.wait()
     log.info("shutting down")
+    app.stopping.set()  # event streams end
     flusher.stop()
     server.stop()
+    persisted = await app.downloads.shutdown()
     try:
         await asyncio.wait_for(server.close_all_connections(), SHUTDOWN_GRACE_S)
     except TimeoutError:
         log.warning("some connections did not close within %.0f s", SHUTDOWN_GRACE_S)
-    return shutdown(app)
+    status = shutdown(app)
+    return status if persisted else 1
 
 
 def shutdown(app: AppContext) -> int:

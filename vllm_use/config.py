@@ -61,6 +61,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("vllm_bin", "the vllm executable", "vllm"),
     Option("hf_bin", "the hf executable", "hf"),
     Option("max_parallel_downloads", "concurrent hf download children", 2),
+    Option(
+        "download_stall_timeout", "seconds without byte progress before a download is reported stalled", 600
+    ),
     Option("runtime_port", "port the supervised vllm serve listens on", 8000),
     Option("log_level", "debug, info, warning or error", "info"),
 )
@@ -82,6 +85,7 @@ class Config:
     vllm_bin: str
     hf_bin: str
     max_parallel_downloads: int
+    download_stall_timeout: int
     runtime_port: int
     log_level: str
 
@@ -191,6 +195,7 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Con
         vllm_bin=_executable(text("vllm_bin"), opt_label("vllm_bin")),
         hf_bin=_executable(text("hf_bin"), opt_label("hf_bin")),
         max_parallel_downloads=integer("max_parallel_downloads", 1, 64),
+        download_stall_timeout=integer("download_stall_timeout", 1, 86400),
         runtime_port=runtime_port,
         log_level=log_level,
     )

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_use.config import Config
+from vllm_use.lifecycle import Lifecycle
 from vllm_use.scopes import Identity, Surface
 
 if TYPE_CHECKING:
     from vllm_use.auth import Authenticator
+    from vllm_use.downloads.manager import DownloadManager
     from vllm_use.registry import Registry
     from vllm_use.storage import Database
 
@@ -23,6 +26,9 @@ class AppContext:
     db: Database
     auth: Authenticator
     registry: Registry
+    downloads: DownloadManager
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)
 

@@ -49,7 +49,7 @@ logging.getLogger("peewee").setLevel(logging.INFO)
 T = TypeVar("T")
 
 OPTION = "--data-dir"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # DDL of each version, kept as plain SQL so a test can build an old database with stdlib sqlite3.
 # Never edit a published version; add a new one.
@@ -87,9 +87,43 @@ SCHEMA_V2: tuple[str, ...] = (
     )""",
     "CREATE INDEX audit_records_created_at ON audit_records (created_at)",
 )
+SCHEMA_V3: tuple[str, ...] = (
+    # `dir` is the model's directory name directly under the models root (S4.1): one managed
+    # directory ↔ one record. The unique index is re-asserted at every start (vllm_use.models).
+    """CREATE TABLE models (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        source TEXT NOT NULL,
+        repository TEXT NULL,
+        revision TEXT NULL,
+        dir TEXT NULL,
+        status TEXT NOT NULL,
+        size_bytes INTEGER NULL,
+        error TEXT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    )""",
+    "CREATE UNIQUE INDEX models_dir_unique ON models (dir)",
+    # Tasks outlive their models: a task id is a permanent audit identity (S4.2).
+    """CREATE TABLE download_tasks (
+        id TEXT PRIMARY KEY,
+        model_id TEXT NOT NULL,
+        repository TEXT NOT NULL,
+        revision TEXT NOT NULL,
+        status TEXT NOT NULL,
+        bytes_done INTEGER NOT NULL,
+        bytes_total INTEGER NULL,
+        exit_code INTEGER NULL,
+        error TEXT NULL,
+        created_at INTEGER NOT NULL,
+        started_at INTEGER NULL,
+        finished_at INTEGER NULL
+    )""",
+    "CREATE INDEX download_tasks_model ON download_tasks (model_id)",
+)
 # SCHEMA_DDL[n] is the DDL that takes version n to n+1.
-SCHEMA_DDL: list[tuple[str, ...]] = [SCHEMA_V1, SCHEMA_V2]
-EXPECTED_TABLES = frozenset({"api_keys", "settings", "audit_records"})
+SCHEMA_DDL: list[tuple[str, ...]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3]
+EXPECTED_TABLES = frozenset({"api_keys", "settings", "audit_records", "models", "download_tasks"})
 
 # busy_timeout first so the journal_mode switch waits for another connection's lock instead of
 # failing; WAL lets readers proceed while the single writer thread commits.
@@ -163,7 +197,42 @@ class AuditRecord(_Model):
         table_name = "audit_records"
 
 
-MODELS: tuple[type[peewee.Model], ...] = (ApiKey, Setting, AuditRecord)
+class Model(_Model):
+    id = peewee.TextField(primary_key=True)  # 32 lowercase hex
+    name = peewee.TextField()
+    source = peewee.TextField()  # local | huggingface
+    repository = peewee.TextField(null=True)
+    revision = peewee.TextField(null=True)
+    dir = peewee.TextField(null=True)  # directory name under the models root
+    status = peewee.TextField()
+    size_bytes = peewee.IntegerField(null=True)
+    error = peewee.TextField(null=True)
+    created_at = peewee.IntegerField()
+    updated_at = peewee.IntegerField()
+
+    class Meta:
+        table_name = "models"
+
+
+class DownloadTask(_Model):
+    id = peewee.TextField(primary_key=True)
+    model_id = peewee.TextField()
+    repository = peewee.TextField()
+    revision = peewee.TextField()
+    status = peewee.TextField()  # pending | running | succeeded | failed | canceled
+    bytes_done = peewee.IntegerField()
+    bytes_total = peewee.IntegerField(null=True)
+    exit_code = peewee.IntegerField(null=True)
+    error = peewee.TextField(null=True)
+    created_at = peewee.IntegerField()
+    started_at = peewee.IntegerField(null=True)
+    finished_at = peewee.IntegerField(null=True)
+
+    class Meta:
+        table_name = "download_tasks"
+
+
+MODELS: tuple[type[peewee.Model], ...] = (ApiKey, Setting, AuditRecord, Model, DownloadTask)
 
 
 def _read_only_version(path: Path) -> int:

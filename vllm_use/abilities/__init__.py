@@ -6,13 +6,15 @@ listings show them. Later issues add models, downloads and runtime here.
 
 from __future__ import annotations
 
-from vllm_use.abilities import api_keys, gpu, requests, settings, system
+from vllm_use.abilities import api_keys, downloads, gpu, models, requests, settings, system
 from vllm_use.registry import Registry
 
 
 def register_all(registry: Registry) -> Registry:
     system.register(registry)
     gpu.register(registry)
+    models.register(registry)
+    downloads.register(registry)
     api_keys.register(registry)
     settings.register(registry)
     requests.register(registry)

@@ -1,0 +1,235 @@
+"""`models.*` (S4.1): list, get, register local / Hugging Face, scan, delete.
+
+Ids are validated by the input models (pattern) before any query or file
+operation; filesystem work runs in an executor; `models.delete` holds the
+lifecycle lock until its delete has committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints
+
+from vllm_use import model_store, models
+from vllm_use.context import Call
+from vllm_use.errors import Conflict, InvalidArguments, NotFound
+from vllm_use.registry import NO_CONTROL, Args, NoArgs, Registry, Result
+from vllm_use.scopes import MODELS_WRITE, READ
+from vllm_use.storage import now_ms
+
+log = logging.getLogger(__name__)
+
+ModelId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+ModelName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=models.NAME_MAX, pattern=NO_CONTROL),
+    Field(description="1 to 256 UTF-8 bytes, no control characters"),
+]
+
+
+class IdArgs(Args):
+    id: ModelId
+
+
+class LocalArgs(Args):
+    name: ModelName
+    path: str = Field(
+        min_length=1,
+        max_length=4096,
+        pattern=NO_CONTROL,
+        description="a directory directly under the models root, absolute or relative to it",
+    )
+
+
+class HuggingFaceArgs(Args):
+    repository: str = Field(
+        min_length=3,
+        max_length=models.REPO_MAX,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="owner/name on the Hub",
+    )
+    revision: str = Field(
+        default="main",
+        min_length=1,
+        max_length=models.REVISION_MAX,
+        pattern=r"^[^\s\x00-\x1f\x7f-\x9f-][^\s\x00-\x1f\x7f-\x9f]*$",
+        description="branch, tag or commit",
+    )
+    name: ModelName | None = None
+
+
+class DeleteArgs(Args):
+    id: ModelId
+    files: bool = Field(default=False, description="also remove the model's directory")
+
+
+class ModelOut(Result):
+    id: str
+    name: str
+    source: Literal["local", "huggingface"]
+    repository: str | None
+    revision: str | None
+    status: Literal["registered", "downloading", "ready", "error", "failed", "canceled"]
+    path: str | None
+    size_bytes: int | None
+    error: str | None
+    created_at: str
+    updated_at: str
+
+
+class ModelResult(Result):
+    model: ModelOut
+
+
+class ModelList(Result):
+    models: list[ModelOut]
+
+
+class Deleted(Result):
+    deleted: str
+
+
+def root(call: Call) -> Path:
+    return call.app.config.models_dir
+
+
+async def in_executor(fn: Any, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+async def load_model(call: Call, model_id: str) -> models.ModelRecord:
+    """The validated record, or NotFound. `model_id` was validated by the input model."""
+    row = await call.app.db.run(model_store.model_row, model_id)
+    if row is None:
+        raise NotFound(f"no model with id {model_id}")
+    return models.parse_row(row)
+
+
+def new_record(name: str, source: str, directory: str, **fields: Any) -> dict[str, Any]:
+    now = now_ms()
+    model_id = fields.pop("id", None) or uuid.uuid4().hex
+    return {
+        "id": model_id,
+        "name": name,
+        "source": source,
+        "repository": None,
+        "revision": None,
+        "dir": directory or model_id,
+        "status": "registered",
+        "size_bytes": None,
+        "error": None,
+        "created_at": now,
+        "updated_at": now,
+        **fields,
+    }
+
+
+def register(registry: Registry) -> None:
+    @registry.method("models.list", "Registered models with status, path and size.", NoArgs, ModelList, READ)
+    async def list_models(call: Call, args: NoArgs) -> dict[str, Any]:
+        rows = await call.app.db.run(model_store.model_rows)
+        return {"models": [models.parse_row(row).public(root(call)) for row in rows]}
+
+    @registry.method("models.get", "One model by id.", IdArgs, ModelResult, READ)
+    async def get_model(call: Call, args: IdArgs) -> dict[str, Any]:
+        return {"model": (await load_model(call, args.id)).public(root(call))}
+
+    @registry.method(
+        "models.register_local",
+        "Register a model directory that already sits directly under the models root; it is ready at once.",
+        LocalArgs,
+        ModelResult,
+        MODELS_WRITE,
+    )
+    async def register_local(call: Call, args: LocalArgs) -> dict[str, Any]:
+        models.validate_name(args.name)
+        directory = await in_executor(models.resolve_local_dir, root(call), args.path)
+        size = await in_executor(models.directory_size, root(call) / directory)
+        record = new_record(args.name, "local", directory, status="ready", size_bytes=size)
+        if not await call.app.db.run(model_store.insert_model, record):
+            raise Conflict(f"{root(call) / directory} is already registered", loc=["path"])
+        return {"model": models.parse_row(record).public(root(call))}
+
+    @registry.method(
+        "models.register_huggingface",
+        "Register a Hugging Face repository (owner/name at a revision) to download into <models-dir>/<id>.",
+        HuggingFaceArgs,
+        ModelResult,
+        MODELS_WRITE,
+    )
+    async def register_huggingface(call: Call, args: HuggingFaceArgs) -> dict[str, Any]:
+        models.validate_repository(args.repository)
+        models.validate_revision(args.revision)
+        name = models.validate_name(args.name) if args.name is not None else args.repository
+        model_id = uuid.uuid4().hex
+        record = new_record(
+            name, "huggingface", model_id, id=model_id, repository=args.repository, revision=args.revision
+        )
+        if not await call.app.db.run(model_store.insert_model, record):
+            raise Conflict("a model already owns this directory")
+        return {"model": models.parse_row(record).public(root(call))}
+
+    @registry.method(
+        "models.scan",
+        "Register every real subdirectory of the models root that holds a config.json and has no record yet.",
+        NoArgs,
+        ModelList,
+        MODELS_WRITE,
+    )
+    async def scan(call: Call, args: NoArgs) -> dict[str, Any]:
+        known = await call.app.db.run(model_store.model_dirs)
+        names = await in_executor(models.scan_candidates, root(call), known)
+        records = []
+        for name in names:
+            size = await in_executor(models.directory_size, root(call) / name)
+            display = name if len(name.encode()) <= models.NAME_MAX else name[:60]
+            records.append(new_record(display, "local", name, status="ready", size_bytes=size))
+        inserted = await call.app.db.run(model_store.insert_models, records)
+        return {"models": [models.parse_row(r).public(root(call)) for r in inserted]}
+
+    @registry.method(
+        "models.delete",
+        "Delete a model record; with files=true also its directory (crash-safe). A running or downloading "
+        "model cannot be deleted.",
+        DeleteArgs,
+        Deleted,
+        MODELS_WRITE,
+    )
+    async def delete(call: Call, args: DeleteArgs) -> dict[str, Any]:
+        app = call.app
+        async with app.lifecycle.lock:
+            record = await load_model(call, args.id)
+            path = root(call) / record.dir if record.dir else None
+            if record.status == "downloading":
+                raise Conflict(f"model {record.id} is downloading; cancel the download first")
+            if app.lifecycle.is_running(record.id, path):
+                raise Conflict(f"model {record.id} is running; stop the runtime first")
+            quarantined = None
+            if args.files and record.dir:
+                try:
+                    quarantined = await in_executor(models.quarantine, root(call), record.id, record.dir)
+                except OSError as exc:
+                    raise InvalidArguments(
+                        f"cannot move {path} aside: {exc.strerror}", loc=["files"]
+                    ) from None
+                models.crash_point("quarantined")
+            try:
+                deleted = await app.db.run(model_store.delete_model, record.id)
+            except Exception:
+                if quarantined is not None:
+                    await in_executor(models.restore, root(call), record.id, record.dir)
+                raise
+            if not deleted:
+                raise NotFound(f"no model with id {record.id}")
+            models.crash_point("committed")
+        if quarantined is not None:
+            try:
+                await in_executor(models.purge, quarantined)
+            except OSError:
+                log.exception("could not remove %s; the next start removes it", quarantined)
+        return {"deleted": record.id}

@@ -1,0 +1,517 @@
+"""The durable download queue: `hf download` children, progress, stalls, cancel (S4.2).
+
+Runs on the IOLoop. SQLite is the truth: a task is persisted `pending` on
+acceptance (with its model switched to `downloading` in the same transaction),
+`running` with `started_at` before its child is spawned (if that write fails the
+task fails and nothing runs), and terminal with its model in one transaction.
+The one-time token lives only in memory until the child is spawned and only in
+the child's environment (`HF_TOKEN`) after that.
+
+Each child runs in its own process group with stdout and stderr merged into one
+pipe, drained continuously into a bounded `LogBuffer`. Progress is the bytes
+under the target directory (partial files included), measured every
+`POLL_S` in an executor, against the total from the hub's file list; no byte
+progress for `stall_after_s` marks the task stalled (it keeps running; cancel
+works at any moment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tornado.iostream import StreamClosedError
+from tornado.process import Subprocess
+
+from vllm_use import fsafety, model_store, models
+from vllm_use.config import Config, child_env
+from vllm_use.downloads import tasks
+from vllm_use.errors import Conflict, InvalidArguments, NotFound
+from vllm_use.logbuffer import LogBuffer, cut_utf8
+from vllm_use.storage import Database, now_ms
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+PERSIST_PROGRESS_S = 5.0
+TERM_GRACE_S = 3.0
+REAP_CAP_S = 10.0
+ERROR_MAX = 64 * 1024
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Progress:
+    done: int = 0
+    total: int | None = None
+    rate: float = 0.0
+    stalled: bool = False
+    last_change: float = field(default_factory=time.monotonic)
+    last_sample: tuple[float, int] | None = None
+
+
+@dataclass
+class Running:
+    proc: Subprocess
+    target: Path
+    canceled: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class DownloadManager:
+    def __init__(self, config: Config, db: Database, stall_after_s: float = 600.0) -> None:
+        self.config = config
+        self.db = db
+        self.root = config.models_dir
+        self.logs_dir = config.data_dir / "logs" / "downloads"
+        self.stall_after_s = stall_after_s
+        self.persist_failed = False
+        self._queue: deque[str] = deque()
+        self._tokens: dict[str, str] = {}
+        self._running: dict[str, Running] = {}
+        self._progress: dict[str, Progress] = {}
+        self._logs: dict[str, LogBuffer] = {}
+        self._listeners: set[Listener] = set()
+        self._closing = False
+        self._workers: set[asyncio.Future[None]] = set()
+
+    # --- start-up ------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Synchronous, before listening: the private log directory."""
+        fsafety.secure_dir(self.logs_dir.parent, option="--data-dir")
+        fsafety.secure_dir(self.logs_dir, option="--data-dir")
+
+    # --- events --------------------------------------------------------------------------------
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.add(listener)
+        return lambda: self._listeners.discard(listener)
+
+    def _emit(self, task: dict[str, Any]) -> None:
+        event = {"type": "task", "task": task}
+        for listener in list(self._listeners):
+            listener(event)
+
+    async def _emit_task(self, task_id: str) -> None:
+        row = await self.db.run(model_store.task_row, task_id)
+        if row is not None:
+            self._emit(self.describe(tasks.parse_row(row)))
+
+    # --- views ---------------------------------------------------------------------------------
+
+    def describe(self, record: tasks.TaskRecord) -> dict[str, Any]:
+        """The task as the API shows it: the record plus live progress while it runs."""
+        out = record.public()
+        progress = self._progress.get(record.id) if record.status == "running" else None
+        if progress is not None:
+            out["bytes_done"] = progress.done
+            out["bytes_total"] = progress.total if progress.total is not None else record.bytes_total
+        total = out["bytes_total"]
+        rate = progress.rate if progress else 0.0
+        out["rate_bytes_per_s"] = round(rate, 1)
+        out["stalled"] = bool(progress and progress.stalled)
+        remaining = (total - out["bytes_done"]) if total is not None else None
+        out["eta_s"] = (
+            round(remaining / rate, 1) if remaining is not None and rate > 0 and remaining >= 0 else None
+        )
+        out["queue_position"] = self._queue.index(record.id) + 1 if record.id in self._queue else None
+        return out
+
+    async def get(self, task_id: str) -> tasks.TaskRecord:
+        row = await self.db.run(model_store.task_row, task_id)
+        if row is None:
+            raise NotFound(f"no download task {task_id}")
+        return tasks.parse_row(row)
+
+    async def list(self) -> list[dict[str, Any]]:
+        rows = await self.db.run(model_store.task_rows)
+        return [self.describe(tasks.parse_row(row)) for row in rows]
+
+    async def logs(self, task_id: str, tail: int | None) -> list[str]:
+        await self.get(task_id)
+        buffer = self._logs.get(task_id)
+        if buffer is not None:
+            return buffer.lines(tail)
+        path = self.logs_dir / f"{task_id}.log"
+        text = await asyncio.get_running_loop().run_in_executor(None, _read_log, path)
+        lines = text.splitlines()
+        return lines[-tail:] if tail else lines
+
+    # --- commands ------------------------------------------------------------------------------
+
+    async def start(self, model_id: str, task_id: str | None, token: str | None) -> dict[str, Any]:
+        task_id = task_id or tasks.new_task_id()
+        row = await self.db.run(model_store.model_row, model_id)
+        if row is None:
+            raise NotFound(f"no model with id {model_id}")
+        model = models.parse_row(row)
+        if model.source != "huggingface":
+            raise Conflict(f"model {model_id} is a local model; only Hugging Face models are downloaded")
+        record = {
+            "id": task_id,
+            "model_id": model_id,
+            "repository": model.repository,
+            "revision": model.revision,
+            "status": "pending",
+            "bytes_done": 0,
+            "bytes_total": None,
+            "exit_code": None,
+            "error": None,
+            "created_at": now_ms(),
+            "started_at": None,
+            "finished_at": None,
+        }
+        outcome = await self.db.run(model_store.accept_task, record, False)
+        if outcome == "task_exists":
+            raise Conflict(
+                f"download task id {task_id} is already taken; task ids are never reused", loc=["id"]
+            )
+        if outcome != "ok":
+            raise Conflict(
+                f"model {model_id} is {model.status}; only a registered, failed or canceled model downloads"
+            )
+        return await self._enqueue(task_id, token)
+
+    async def retry(self, task_id: str, token: str | None) -> dict[str, Any]:
+        old = await self.get(task_id)
+        if old.status not in ("failed", "canceled"):
+            raise Conflict(
+                f"download task {task_id} is {old.status}; only failed or canceled tasks can be retried"
+            )
+        row = await self.db.run(model_store.model_row, old.model_id)
+        if row is None:
+            raise Conflict(
+                f"the model of task {task_id} was deleted; register it again and start a new download"
+            )
+        model = models.parse_row(row)  # re-read: never the old task's repository/revision/path
+        fresh = {
+            "id": task_id,
+            "model_id": model.id,
+            "repository": model.repository,
+            "revision": model.revision,
+        }
+        outcome = await self.db.run(model_store.accept_task, fresh, True)
+        if outcome != "ok":
+            raise Conflict(f"task {task_id} can't be retried now: model {model.id} is {model.status}")
+        return await self._enqueue(task_id, token)
+
+    async def _enqueue(self, task_id: str, token: str | None) -> dict[str, Any]:
+        if token:
+            self._tokens[task_id] = token
+        self._logs.pop(task_id, None)
+        self._queue.append(task_id)
+        self._pump()
+        record = await self.get(task_id)
+        described = self.describe(record)
+        self._emit(described)
+        return described
+
+    async def cancel(self, task_id: str) -> dict[str, Any]:
+        record = await self.get(task_id)
+        if record.status in tasks.FINISHED:
+            raise Conflict(f"download task {task_id} already {record.status}; there is nothing to cancel")
+        if task_id in self._queue:
+            self._queue.remove(task_id)
+            self._tokens.pop(task_id, None)
+            await self._finish(
+                task_id, record.model_id, "canceled", model_status="canceled", error="canceled"
+            )
+        elif task_id in self._running:
+            running = self._running[task_id]
+            running.canceled = True
+            await self._stop_child(running)
+            await running.done.wait()
+        return self.describe(await self.get(task_id))
+
+    async def shutdown(self) -> bool:
+        """Cancel everything and persist it (S1). False if a final state could not be written."""
+        self._closing = True
+        for task_id in list(self._queue):
+            self._queue.remove(task_id)
+            row = await self.db.run(model_store.task_row, task_id)
+            if row is not None:
+                await self._finish(
+                    task_id, row["model_id"], "canceled", model_status="canceled", error="shutdown"
+                )
+        for running in list(self._running.values()):
+            running.canceled = True
+        await asyncio.gather(*(self._stop_child(r) for r in list(self._running.values())))
+        for running in list(self._running.values()):
+            await running.done.wait()
+        self._tokens.clear()
+        return not self.persist_failed
+
+    # --- the workers ---------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        while self._queue and len(self._running) < self.config.max_parallel_downloads and not self._closing:
+            task_id = self._queue.popleft()
+            worker = asyncio.ensure_future(self._run(task_id))
+            self._workers.add(worker)  # keep a reference: the loop holds tasks weakly
+            worker.add_done_callback(self._workers.discard)
+
+    async def _run(self, task_id: str) -> None:
+        token = self._tokens.pop(task_id, None)
+        record = await self.get(task_id)
+        try:
+            started = await self.db.run(model_store.mark_running, task_id)
+        except Exception:
+            log.exception("could not persist task %s as running", task_id)
+            started = False
+        if not started:
+            await self._finish(
+                task_id, record.model_id, "failed", model_status="failed", error="could not start"
+            )
+            self._pump()
+            return
+        record = await self.get(task_id)  # now running, with started_at
+        target = self.root / record.model_id
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, _prepare_target, self.root, target)
+            proc = self._spawn(record, target, token)
+        except (InvalidArguments, OSError) as exc:
+            message = exc.message if isinstance(exc, InvalidArguments) else f"cannot start hf: {exc}"
+            await self._finish(task_id, record.model_id, "failed", model_status="failed", error=message)
+            self._pump()
+            return
+        running = Running(proc, target)
+        self._running[task_id] = running
+        buffer = self._logs[task_id] = LogBuffer()
+        progress = self._progress[task_id] = Progress()
+        await self._emit_task(task_id)
+        poller = asyncio.ensure_future(self._poll(task_id, record, running, progress, token))
+        try:
+            await _drain(proc, buffer)
+            code = await proc.wait_for_exit(raise_error=False)
+        finally:
+            poller.cancel()
+        buffer.close()
+        await self._complete(task_id, record, running, progress, buffer, code)
+        running.done.set()
+        self._pump()
+
+    def _spawn(self, record: tasks.TaskRecord, target: Path, token: str | None) -> Subprocess:
+        # Validated values only: the repository starts alphanumeric and the revision can't start
+        # with "-", so neither can be read as a flag.
+        argv = [self.config.hf_bin, "download", record.repository, "--revision", record.revision]
+        argv += ["--local-dir", str(target)]
+        if self.config.hf_cache_dir:
+            argv += ["--cache-dir", str(self.config.hf_cache_dir)]
+        extra = {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+        if token:
+            extra["HF_TOKEN"] = token
+        else:
+            extra["HF_HUB_DISABLE_IMPLICIT_TOKEN"] = "1"  # noqa: S105 - a switch, not a secret
+        log.info("download %s: starting hf for %s@%s", record.id, record.repository, record.revision)
+        return Subprocess(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=Subprocess.STREAM,
+            stderr=subprocess.STDOUT,
+            env=child_env(extra),
+            start_new_session=True,
+            close_fds=True,
+        )
+
+    async def _poll(
+        self, task_id: str, record: tasks.TaskRecord, running: Running, progress: Progress, token: str | None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        progress.total = await loop.run_in_executor(
+            None, _hub_total, record.repository, record.revision, token
+        )
+        token = None
+        last_persist = time.monotonic()
+        while True:
+            done = await loop.run_in_executor(None, _measure, running.target)
+            now = time.monotonic()
+            changed = done != progress.done
+            if changed:
+                progress.last_change = now
+            if progress.last_sample is not None:
+                then, before = progress.last_sample
+                instant = max(done - before, 0) / max(now - then, 1e-6)
+                progress.rate = instant if progress.rate == 0 else 0.7 * progress.rate + 0.3 * instant
+            progress.last_sample = (now, done)
+            progress.done = done
+            stalled = now - progress.last_change >= self.stall_after_s
+            if stalled and not progress.stalled:
+                log.warning("download %s: no progress for %.0f s", task_id, self.stall_after_s)
+            if changed or stalled != progress.stalled:
+                progress.stalled = stalled
+                self._emit(self.describe(record))
+            if now - last_persist >= PERSIST_PROGRESS_S:
+                last_persist = now
+                await self.db.run(model_store.save_progress, task_id, done, progress.total)
+            await asyncio.sleep(POLL_S)
+
+    async def _complete(
+        self,
+        task_id: str,
+        record: tasks.TaskRecord,
+        running: Running,
+        progress: Progress,
+        buffer: LogBuffer,
+        code: int,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, _write_log, self.logs_dir / f"{task_id}.log", buffer.text())
+        done = await loop.run_in_executor(None, _measure, running.target)
+        if running.canceled:
+            await self._finish(
+                task_id,
+                record.model_id,
+                "canceled",
+                model_status="canceled",
+                error="canceled",
+                exit_code=code,
+                bytes_done=done,
+            )
+        elif code == 0:
+            try:
+                size = await loop.run_in_executor(None, _verify_target, self.root, record.model_id)
+            except (InvalidArguments, OSError) as exc:
+                message = exc.message if isinstance(exc, InvalidArguments) else str(exc)
+                await self._finish(
+                    task_id,
+                    record.model_id,
+                    "failed",
+                    model_status="failed",
+                    error=message,
+                    exit_code=code,
+                    bytes_done=done,
+                )
+            else:
+                await self._finish(
+                    task_id,
+                    record.model_id,
+                    "succeeded",
+                    model_status="ready",
+                    exit_code=0,
+                    bytes_done=size,
+                    size_bytes=size,
+                )
+        else:
+            last = next((line for line in reversed(buffer.lines()) if line.strip()), f"hf exited with {code}")
+            await self._finish(
+                task_id,
+                record.model_id,
+                "failed",
+                model_status="failed",
+                exit_code=code,
+                error=cut_utf8(last.encode(), ERROR_MAX).decode("utf-8", "ignore"),
+                bytes_done=done,
+            )
+        self._running.pop(task_id, None)
+        self._progress.pop(task_id, None)
+        self._logs.pop(task_id, None)
+        log.info("download %s: hf exited with %s", task_id, code)
+
+    async def _finish(self, task_id: str, model_id: str, status: str, **fields: Any) -> None:
+        """Persist a terminal state and publish it; a failed write makes shutdown exit non-zero."""
+        try:
+            await self.db.run(lambda: model_store.finish_task(task_id, model_id, status, **fields))
+        except Exception:
+            log.exception("could not persist download %s as %s", task_id, status)
+            self.persist_failed = True
+            return
+        await self._emit_task(task_id)
+
+    async def _stop_child(self, running: Running) -> None:
+        """SIGTERM to the child's group, SIGKILL after the grace period. Runs on the IOLoop."""
+        pid = running.proc.pid
+        _signal_group(pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(running.proc.wait_for_exit(raise_error=False)), TERM_GRACE_S
+            )
+        except TimeoutError:
+            log.warning("hf child %d ignored SIGTERM; killing its process group", pid)
+        # The group may hold more than the main pid (helpers it started): kill whatever is left.
+        _signal_group(pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _drain(proc: Subprocess, buffer: LogBuffer) -> None:
+    assert proc.stdout is not None
+    while True:
+        try:
+            chunk = await proc.stdout.read_bytes(65536, partial=True)
+        except StreamClosedError:
+            return
+        buffer.feed(chunk)
+
+
+# --- filesystem and hub work: these run in an executor ---------------------------------------
+
+
+def _prepare_target(root: Path, target: Path) -> None:
+    """Refuse a root or target that is a symlink or not a directory; create the target 0700."""
+    if os.path.islink(root) or not root.is_dir():
+        raise InvalidArguments(f"the models root {root} is not a real directory")
+    if os.path.lexists(target):
+        if os.path.islink(target) or not target.is_dir():
+            raise InvalidArguments(
+                f"{target} is a symbolic link or not a directory; refusing to download into it"
+            )
+        return
+    os.mkdir(target, 0o700)
+
+
+def _verify_target(root: Path, model_id: str) -> int:
+    path = models.real_model_dir(root, model_id)
+    if Path(os.path.realpath(path)).parent != Path(os.path.realpath(root)):
+        raise InvalidArguments(f"{path} resolves outside the models root")
+    return models.directory_size(path)
+
+
+def _measure(target: Path) -> int:
+    try:
+        return models.directory_size(target)
+    except OSError:
+        return 0
+
+
+def _hub_total(repository: str, revision: str, token: str | None) -> int | None:
+    """Total bytes from the hub's file list (HF_ENDPOINT honoured); None if it can't be read."""
+    try:
+        from huggingface_hub import HfApi
+
+        info = HfApi().model_info(repository, revision=revision, files_metadata=True, token=token or False)
+        sizes = [s.size for s in info.siblings or [] if s.size is not None]
+        return sum(sizes) if sizes else None
+    except Exception as exc:  # any hub failure only costs us the total
+        log.info("hub file list for %s@%s unavailable: %s", repository, revision, type(exc).__name__)
+        return None
+
+
+def _write_log(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _read_log(path: Path) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return ""
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+        return f.read(8 * 1024 * 1024)

@@ -1,0 +1,80 @@
+"""Bounded, line-oriented logs of a child process (S4.2, S4.3, S5.2).
+
+Each line is cut to `LINE_MAX` bytes on a UTF-8 boundary; the buffer keeps at
+most `TOTAL_MAX` bytes, dropping the oldest lines first. `feed` accepts raw
+chunks as they come off the pipe, so a child that prints one endless line
+never makes us hold more than one line's worth plus the buffer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+LINE_MAX = 64 * 1024
+TOTAL_MAX = 4 * 1024 * 1024
+
+
+def cut_utf8(data: bytes, limit: int) -> bytes:
+    """At most `limit` bytes of `data`, never ending inside a UTF-8 sequence."""
+    if len(data) <= limit:
+        return data
+    end = limit
+    # Step back over continuation bytes (10xxxxxx) to the start of the cut character.
+    while end > 0 and (data[end] & 0xC0) == 0x80:
+        end -= 1
+    return data[:end]
+
+
+class LogBuffer:
+    def __init__(self, line_max: int = LINE_MAX, total_max: int = TOTAL_MAX) -> None:
+        self.line_max = line_max
+        self.total_max = total_max
+        self._lines: deque[bytes] = deque()
+        self._size = 0
+        self._partial = bytearray()
+        self._partial_cut = False
+        self.dropped_lines = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """Add raw output; complete lines are stored, the tail waits for its newline."""
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            piece = chunk[start:] if newline < 0 else chunk[start:newline]
+            if not self._partial_cut:
+                room = self.line_max + 4 - len(self._partial)  # +4: room to cut on a boundary later
+                self._partial += piece[: max(room, 0)]
+                if len(piece) > room:
+                    self._partial_cut = True
+            if newline < 0:
+                return
+            self._push(bytes(self._partial))
+            self._partial.clear()
+            self._partial_cut = False
+            start = newline + 1
+
+    def close(self) -> None:
+        """The child's output ended: keep an unterminated last line."""
+        if self._partial:
+            self._push(bytes(self._partial))
+            self._partial.clear()
+            self._partial_cut = False
+
+    def _push(self, line: bytes) -> None:
+        line = cut_utf8(line.rstrip(b"\r"), self.line_max)
+        self._lines.append(line)
+        self._size += len(line) + 1
+        while self._size > self.total_max and self._lines:
+            self._size -= len(self._lines.popleft()) + 1
+            self.dropped_lines += 1
+
+    def lines(self, tail: int | None = None) -> list[str]:
+        items = list(self._lines)[-tail:] if tail else list(self._lines)
+        return [line.decode("utf-8", "replace") for line in items]
+
+    def text(self) -> str:
+        return "".join(line + "\n" for line in self.lines())
+
+    @property
+    def size(self) -> int:
+        return self._size
