@@ -404,6 +404,11 @@ class FakeHub:
         with self._lock:
             return list(self._requests)
 
+    def reset_requests(self) -> None:
+        """Forget the requests recorded so far (e.g. between two CLI runs of one test)."""
+        with self._lock:
+            self._requests.clear()
+
     def authorizations(self) -> list[str]:
         """The ``Authorization`` header values seen, in order (requests without one are skipped)."""
         return [r.headers["authorization"] for r in self.requests if "authorization" in r.headers]
@@ -753,6 +758,10 @@ class FakeHub:
 
 @pytest.fixture
 def fake_hub() -> Iterator[FakeHub]:
-    """A started ``FakeHub``, stopped after the test. Import it into a test module or conftest to use it."""
+    """A started ``FakeHub``, stopped after the test.
+
+    To use it, import it where pytest looks for fixtures: ``from tests.fakehub import fake_hub  # noqa: F401``
+    in ``tests/conftest.py`` (in a test module, ruff would also flag the parameter as F811).
+    """
     with FakeHub() as hub:
         yield hub

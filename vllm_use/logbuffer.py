@@ -8,8 +8,11 @@ never makes us hold more than one line's worth plus the buffer.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
+# Terminal colour and cursor sequences (CSI) and OSC titles: noise in a stored log.
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 LINE_MAX = 64 * 1024
 TOTAL_MAX = 4 * 1024 * 1024
 
@@ -61,7 +64,7 @@ class LogBuffer:
             self._partial_cut = False
 
     def _push(self, line: bytes) -> None:
-        line = cut_utf8(line.rstrip(b"\r"), self.line_max)
+        line = cut_utf8(_ANSI.sub(b"", line).rstrip(b"\r"), self.line_max)
         self._lines.append(line)
         self._size += len(line) + 1
         while self._size > self.total_max and self._lines:

@@ -144,6 +144,7 @@ def finish_task(
     exit_code: int | None = None,
     error: str | None = None,
     bytes_done: int | None = None,
+    bytes_total: int | None = None,
     size_bytes: int | None = None,
 ) -> None:
     """A terminal state for the task and its model, in one transaction."""
@@ -157,6 +158,8 @@ def finish_task(
     }
     if bytes_done is not None:
         task_fields["bytes_done"] = bytes_done
+    if bytes_total is not None:
+        task_fields["bytes_total"] = bytes_total
     with db.atomic():
         DownloadTask.update(**task_fields).where(DownloadTask.id == task_id).execute()
         model_fields: dict[str, Any] = {"status": model_status, "updated_at": now, "error": error}

@@ -33,6 +33,7 @@ from tornado.iostream import StreamClosedError
 from tornado.process import Subprocess
 
 from vllm_use import fsafety, model_store, models
+from vllm_use.children import die_with_parent
 from vllm_use.config import Config, child_env
 from vllm_use.downloads import tasks
 from vllm_use.errors import Conflict, InvalidArguments, NotFound
@@ -308,7 +309,7 @@ class DownloadManager:
         argv += ["--local-dir", str(target)]
         if self.config.hf_cache_dir:
             argv += ["--cache-dir", str(self.config.hf_cache_dir)]
-        extra = {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+        extra = {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_COLOR": "1"}
         if token:
             extra["HF_TOKEN"] = token
         else:
@@ -322,6 +323,7 @@ class DownloadManager:
             env=child_env(extra),
             start_new_session=True,
             close_fds=True,
+            preexec_fn=die_with_parent,  # a single prctl call (children.py)
         )
 
     async def _poll(
@@ -400,6 +402,7 @@ class DownloadManager:
                     model_status="ready",
                     exit_code=0,
                     bytes_done=size,
+                    bytes_total=size,
                     size_bytes=size,
                 )
         else:
@@ -420,6 +423,9 @@ class DownloadManager:
 
     async def _finish(self, task_id: str, model_id: str, status: str, **fields: Any) -> None:
         """Persist a terminal state and publish it; a failed write makes shutdown exit non-zero."""
+        progress = self._progress.get(task_id)
+        if progress is not None and progress.total is not None:
+            fields.setdefault("bytes_total", progress.total)
         try:
             await self.db.run(lambda: model_store.finish_task(task_id, model_id, status, **fields))
         except Exception:
