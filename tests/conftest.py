@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.fakehub import fake_hub  # noqa: F401 - a fixture for every test module
+
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 MCP_VERSION = "2026-07-28"
 REPO = Path(__file__).resolve().parent.parent

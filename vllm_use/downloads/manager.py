@@ -309,7 +309,12 @@ class DownloadManager:
         argv += ["--local-dir", str(target)]
         if self.config.hf_cache_dir:
             argv += ["--cache-dir", str(self.config.hf_cache_dir)]
-        extra = {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_COLOR": "1"}
+        extra = {
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+            "NO_COLOR": "1",
+        }
         if token:
             extra["HF_TOKEN"] = token
         else:
@@ -369,6 +374,9 @@ class DownloadManager:
     ) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, _write_log, self.logs_dir / f"{task_id}.log", buffer.text())
+        if code != 0:
+            # A killed hf leaves its partial files behind; a new run never resumes them.
+            await loop.run_in_executor(None, _remove_partials, running.target)
         done = await loop.run_in_executor(None, _measure, running.target)
         if running.canceled:
             await self._finish(
@@ -486,6 +494,19 @@ def _verify_target(root: Path, model_id: str) -> int:
     if Path(os.path.realpath(path)).parent != Path(os.path.realpath(root)):
         raise InvalidArguments(f"{path} resolves outside the models root")
     return models.directory_size(path)
+
+
+def _remove_partials(target: Path) -> None:
+    partials = target / ".cache" / "huggingface" / "download"
+    if os.path.islink(partials) or not partials.is_dir():
+        return
+    for dirpath, _dirs, files in os.walk(partials, followlinks=False):
+        for name in files:
+            if name.endswith(".incomplete"):
+                try:
+                    os.unlink(os.path.join(dirpath, name))
+                except OSError:
+                    pass
 
 
 def _measure(target: Path) -> int:
