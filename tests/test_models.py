@@ -246,3 +246,30 @@ def test_two_records_for_one_directory_refuse_the_start_and_keep_the_data(tmp_pa
     assert "shared" in result.stderr and "a" * 32 in result.stderr
     with sqlite3.connect(db_path) as db:
         assert db.execute("SELECT count(*) FROM models").fetchone() == (2,)
+
+
+def test_a_hand_corrupted_model_row_fails_requests_closed_naming_it(server: Server) -> None:
+    r = server.fetch("/api/models/huggingface", "POST", json={"repository": "org/x"})
+    model_id = r.json()["model"]["id"]
+    with sqlite3.connect(server.data_dir / "vllm-use.db") as db:
+        db.execute("UPDATE models SET status = 'exploded' WHERE id = ?", (model_id,))
+    for path in ("/api/models", f"/api/models/{model_id}"):
+        r = server.fetch(path)
+        assert r.status_code == 500
+        assert r.json()["error"]["code"] == "corrupt_record"
+        assert model_id in r.json()["error"]["message"]
+    assert server.fetch("/api/downloads", "POST", json={"model_id": model_id}).status_code == 500
+
+
+def test_a_corrupt_model_row_stops_the_next_start(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    server = start_server(data)
+    model_id = server.fetch("/api/models/huggingface", "POST", json={"repository": "org/x"}).json()["model"][
+        "id"
+    ]
+    server.stop()
+    with sqlite3.connect(data / "vllm-use.db") as db:
+        db.execute("UPDATE models SET revision = '--help' WHERE id = ?", (model_id,))
+    result = _start_fails(data)
+    assert result.returncode == 2
+    assert model_id in result.stderr
