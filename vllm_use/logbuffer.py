@@ -22,10 +22,11 @@ def cut_utf8(data: bytes, limit: int) -> bytes:
     if len(data) <= limit:
         return data
     end = limit
-    # Step back over continuation bytes (10xxxxxx) to the start of the cut character.
-    while end > 0 and (data[end] & 0xC0) == 0x80:
+    # Step back over continuation bytes (10xxxxxx) to the start of the cut character; a UTF-8
+    # character has at most 3 of them, so invalid input is cut at the limit instead of emptied.
+    while end > limit - 3 and (data[end] & 0xC0) == 0x80:
         end -= 1
-    return data[:end]
+    return data[:end] if (data[end] & 0xC0) != 0x80 else data[:limit]
 
 
 class LogBuffer:
