@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,9 @@ def _not_json(name: str) -> None:
 def _coerce_query(annotation: Any, name: str, raw: str) -> Any:
     """Query strings → the field's JSON type (the input models are strict)."""
     base = typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+    if isinstance(base, types.UnionType) or typing.get_origin(base) is typing.Union:
+        non_none = [a for a in typing.get_args(base) if a is not type(None)]
+        base = non_none[0] if len(non_none) == 1 else base
     if base is bool:
         if raw not in ("true", "false"):
             raise InvalidArguments(

@@ -42,6 +42,7 @@ class DownloadEventsHandler(JsonHandler):
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("X-Accel-Buffering", "no")
         try:
+            await self.flush()  # headers now: the client is connected even before any event
             # The current state first, so a new page needs no separate list call.
             for task in await self.app.downloads.list():
                 await self._send("task", {"type": "task", "task": task})

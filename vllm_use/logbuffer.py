@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from typing import BinaryIO
 
 # Terminal colour and cursor sequences (CSI) and OSC titles: noise in a stored log.
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
@@ -76,8 +77,22 @@ class LogBuffer:
         items = list(self._lines)[-tail:] if tail else list(self._lines)
         return [line.decode("utf-8", "replace") for line in items]
 
-    def text(self) -> str:
-        return "".join(line + "\n" for line in self.lines())
+    def last_line(self, prefer: bytes | None = None) -> str | None:
+        """The newest non-blank line (the newest starting with `prefer` if there is one)."""
+        fallback = None
+        for line in reversed(self._lines):
+            if not line.strip():
+                continue
+            if prefer is None or line.startswith(prefer):
+                return line.decode("utf-8", "replace")
+            fallback = fallback or line
+        return fallback.decode("utf-8", "replace") if fallback else None
+
+    def write_to(self, f: BinaryIO) -> None:
+        """Write the lines to a binary file, without building one big copy of the log."""
+        for line in self._lines:
+            f.write(line)
+            f.write(b"\n")
 
     @property
     def size(self) -> int:

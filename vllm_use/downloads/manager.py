@@ -65,8 +65,7 @@ class Progress:
 class Running:
     proc: Subprocess
     target: Path
-    canceled: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    exited: asyncio.Future[int]
 
 
 class DownloadManager:
@@ -80,11 +79,12 @@ class DownloadManager:
         self._queue: deque[str] = deque()
         self._tokens: dict[str, str] = {}
         self._running: dict[str, Running] = {}
+        self._cancel_requested: set[str] = set()
         self._progress: dict[str, Progress] = {}
         self._logs: dict[str, LogBuffer] = {}
         self._listeners: set[Listener] = set()
         self._closing = False
-        self._workers: set[asyncio.Future[None]] = set()
+        self._workers: dict[str, asyncio.Future[None]] = {}  # task id → its worker, from take to end
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -146,7 +146,9 @@ class DownloadManager:
             return buffer.lines(tail)
         path = self.logs_dir / f"{task_id}.log"
         text = await asyncio.get_running_loop().run_in_executor(None, _read_log, path)
-        lines = text.splitlines()
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
         return lines[-tail:] if tail else lines
 
     # --- commands ------------------------------------------------------------------------------
@@ -228,12 +230,20 @@ class DownloadManager:
             await self._finish(
                 task_id, record.model_id, "canceled", model_status="canceled", error="canceled"
             )
-        elif task_id in self._running:
-            running = self._running[task_id]
-            running.canceled = True
-            await self._stop_child(running)
-            await running.done.wait()
+        elif task_id in self._workers:
+            await self._cancel_worker(task_id)
         return self.describe(await self.get(task_id))
+
+    async def _cancel_worker(self, task_id: str) -> None:
+        """Stop a task a worker has taken: before its spawn (the worker sees the flag) or its child."""
+        worker = self._workers.get(task_id)
+        if worker is None:
+            return
+        self._cancel_requested.add(task_id)
+        running = self._running.get(task_id)
+        if running is not None:
+            await self._stop_child(running)
+        await asyncio.shield(worker)
 
     async def shutdown(self) -> bool:
         """Cancel everything and persist it (S1). False if a final state could not be written."""
@@ -245,22 +255,24 @@ class DownloadManager:
                 await self._finish(
                     task_id, row["model_id"], "canceled", model_status="canceled", error="shutdown"
                 )
-        for running in list(self._running.values()):
-            running.canceled = True
-        await asyncio.gather(*(self._stop_child(r) for r in list(self._running.values())))
-        for running in list(self._running.values()):
-            await running.done.wait()
+        await asyncio.gather(*(self._cancel_worker(task_id) for task_id in list(self._workers)))
         self._tokens.clear()
         return not self.persist_failed
 
     # --- the workers ---------------------------------------------------------------------------
 
     def _pump(self) -> None:
-        while self._queue and len(self._running) < self.config.max_parallel_downloads and not self._closing:
+        """Give queued tasks to free workers. A worker counts from the moment it takes a task."""
+        while self._queue and len(self._workers) < self.config.max_parallel_downloads and not self._closing:
             task_id = self._queue.popleft()
             worker = asyncio.ensure_future(self._run(task_id))
-            self._workers.add(worker)  # keep a reference: the loop holds tasks weakly
-            worker.add_done_callback(self._workers.discard)
+            self._workers[task_id] = worker  # also keeps a reference: the loop holds tasks weakly
+            worker.add_done_callback(lambda _f, t=task_id: self._worker_done(t))
+
+    def _worker_done(self, task_id: str) -> None:
+        self._workers.pop(task_id, None)
+        self._cancel_requested.discard(task_id)
+        self._pump()
 
     async def _run(self, task_id: str) -> None:
         token = self._tokens.pop(task_id, None)
@@ -274,19 +286,24 @@ class DownloadManager:
             await self._finish(
                 task_id, record.model_id, "failed", model_status="failed", error="could not start"
             )
-            self._pump()
             return
         record = await self.get(task_id)  # now running, with started_at
         target = self.root / record.model_id
         try:
             await asyncio.get_running_loop().run_in_executor(None, _prepare_target, self.root, target)
+            if task_id in self._cancel_requested:  # canceled (or shut down) while we got here
+                await self._finish(
+                    task_id, record.model_id, "canceled", model_status="canceled", error="canceled"
+                )
+                return
             proc = self._spawn(record, target, token)
         except (InvalidArguments, OSError) as exc:
             message = exc.message if isinstance(exc, InvalidArguments) else f"cannot start hf: {exc}"
             await self._finish(task_id, record.model_id, "failed", model_status="failed", error=message)
-            self._pump()
             return
-        running = Running(proc, target)
+        # Tornado keeps one exit callback per child and never reports a reaped child twice:
+        # ask once, here, and let every waiter share this future.
+        running = Running(proc, target, asyncio.ensure_future(proc.wait_for_exit(raise_error=False)))
         self._running[task_id] = running
         buffer = self._logs[task_id] = LogBuffer()
         progress = self._progress[task_id] = Progress()
@@ -294,13 +311,11 @@ class DownloadManager:
         poller = asyncio.ensure_future(self._poll(task_id, record, running, progress, token))
         try:
             await _drain(proc, buffer)
-            code = await proc.wait_for_exit(raise_error=False)
+            code = await asyncio.shield(running.exited)
         finally:
             poller.cancel()
         buffer.close()
         await self._complete(task_id, record, running, progress, buffer, code)
-        running.done.set()
-        self._pump()
 
     def _spawn(self, record: tasks.TaskRecord, target: Path, token: str | None) -> Subprocess:
         # Validated values only: the repository starts alphanumeric and the revision can't start
@@ -373,12 +388,12 @@ class DownloadManager:
         code: int,
     ) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, _write_log, self.logs_dir / f"{task_id}.log", buffer.text())
+        await loop.run_in_executor(None, _write_log, self.logs_dir / f"{task_id}.log", buffer)
         if code != 0:
             # A killed hf leaves its partial files behind; a new run never resumes them.
             await loop.run_in_executor(None, _remove_partials, running.target)
         done = await loop.run_in_executor(None, _measure, running.target)
-        if running.canceled:
+        if task_id in self._cancel_requested:
             await self._finish(
                 task_id,
                 record.model_id,
@@ -414,7 +429,7 @@ class DownloadManager:
                     size_bytes=size,
                 )
         else:
-            last = next((line for line in reversed(buffer.lines()) if line.strip()), f"hf exited with {code}")
+            last = buffer.last_line(prefer=b"Error:") or f"hf exited with {code}"
             await self._finish(
                 task_id,
                 record.model_id,
@@ -447,9 +462,7 @@ class DownloadManager:
         pid = running.proc.pid
         _signal_group(pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(
-                asyncio.shield(running.proc.wait_for_exit(raise_error=False)), TERM_GRACE_S
-            )
+            await asyncio.wait_for(asyncio.shield(running.exited), TERM_GRACE_S)
         except TimeoutError:
             log.warning("hf child %d ignored SIGTERM; killing its process group", pid)
         # The group may hold more than the main pid (helpers it started): kill whatever is left.
@@ -493,25 +506,57 @@ def _verify_target(root: Path, model_id: str) -> int:
     path = models.real_model_dir(root, model_id)
     if Path(os.path.realpath(path)).parent != Path(os.path.realpath(root)):
         raise InvalidArguments(f"{path} resolves outside the models root")
-    return models.directory_size(path)
+    return _payload_size(path)
+
+
+def _payload_size(target: Path) -> int:
+    """The model's files: everything but hf's `.cache` bookkeeping."""
+    total = 0
+    with os.scandir(target) as entries:
+        for entry in entries:
+            if entry.name == ".cache":
+                continue
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+            elif entry.is_dir(follow_symlinks=False):
+                total += models.directory_size(Path(entry.path))
+    return total
+
+
+def _partials(target: Path) -> list[str]:
+    """hf's partial files (`.cache/huggingface/download/**/*.incomplete`), written in 10 MiB steps."""
+    partials = target / ".cache" / "huggingface" / "download"
+    if os.path.islink(partials) or not partials.is_dir():
+        return []
+    return [
+        os.path.join(dirpath, name)
+        for dirpath, _dirs, files in os.walk(partials, followlinks=False)
+        for name in files
+        if name.endswith(".incomplete")
+    ]
+
+
+def _partial_size(target: Path) -> int:
+    total = 0
+    for path in _partials(target):
+        try:
+            total += os.lstat(path).st_size
+        except OSError:
+            pass  # renamed into place meanwhile: counted with the payload next time
+    return total
 
 
 def _remove_partials(target: Path) -> None:
-    partials = target / ".cache" / "huggingface" / "download"
-    if os.path.islink(partials) or not partials.is_dir():
-        return
-    for dirpath, _dirs, files in os.walk(partials, followlinks=False):
-        for name in files:
-            if name.endswith(".incomplete"):
-                try:
-                    os.unlink(os.path.join(dirpath, name))
-                except OSError:
-                    pass
+    for path in _partials(target):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _measure(target: Path) -> int:
     try:
-        return models.directory_size(target)
+        return _payload_size(target) + _partial_size(target)
     except OSError:
         return 0
 
@@ -529,10 +574,10 @@ def _hub_total(repository: str, revision: str, token: str | None) -> int | None:
         return None
 
 
-def _write_log(path: Path, text: str) -> None:
+def _write_log(path: Path, buffer: LogBuffer) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    with os.fdopen(fd, "wb") as f:
+        buffer.write_to(f)
 
 
 def _read_log(path: Path) -> str:
