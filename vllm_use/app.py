@@ -30,6 +30,7 @@ from vllm_use.downloads.manager import DownloadManager
 from vllm_use.errors import ConfigError
 from vllm_use.executor import Executor
 from vllm_use.recovery import recover
+from vllm_use.runtime.supervisor import Supervisor
 from vllm_use.storage import Database
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,16 @@ def build_context(config: Config) -> AppContext:
         db.close()
         raise
     auth = Authenticator(db, token)
-    return AppContext(config=config, db=db, auth=auth, registry=build_registry(), downloads=downloads)
+    app = AppContext(
+        config=config,
+        db=db,
+        auth=auth,
+        registry=build_registry(),
+        downloads=downloads,
+        runtime=Supervisor(config),
+    )
+    app.lifecycle.add_running_check(app.runtime.is_running)
+    return app
 
 
 def make_app(app: AppContext) -> tornado.web.Application:
@@ -106,6 +116,11 @@ async def run(app: AppContext) -> int:
     flusher.stop()
     server.stop()
     persisted = await app.downloads.shutdown()
+    try:
+        await app.runtime.shutdown()
+    except Exception:
+        log.exception("could not stop the runtime cleanly")
+        persisted = False
     try:
         await asyncio.wait_for(server.close_all_connections(), SHUTDOWN_GRACE_S)
     except TimeoutError:

@@ -78,6 +78,7 @@ class Config:
     hf_cache_dir: Path | None
     admin_token: str | None
     upstream: str
+    upstream_explicit: bool
     upstream_api_key: str | None
     model_aliases: dict[str, str]
     max_audit_records: int
@@ -173,7 +174,8 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Con
     upstream_key = _token(raw["upstream_api_key"][1], opt_label("upstream_api_key"))
     runtime_port = integer("runtime_port", 1, 65535)
     upstream_raw = raw["upstream"][1]
-    if upstream_raw == OPTIONS_BY_NAME["upstream"].default:
+    upstream_explicit = upstream_raw != OPTIONS_BY_NAME["upstream"].default
+    if not upstream_explicit:
         upstream = f"http://127.0.0.1:{runtime_port}"
     else:
         upstream = validate_upstream(text("upstream", max_len=2048), opt_label("upstream"))
@@ -188,6 +190,7 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Con
         hf_cache_dir=hf_cache_dir,
         admin_token=admin_token,
         upstream=upstream,
+        upstream_explicit=upstream_explicit,
         upstream_api_key=upstream_key,
         model_aliases=parse_aliases(text("model_aliases", max_len=65536), opt_label("model_aliases")),
         max_audit_records=integer("max_audit_records", 0, 10_000_000),

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from vllm_use.auth import Authenticator
     from vllm_use.downloads.manager import DownloadManager
     from vllm_use.registry import Registry
+    from vllm_use.runtime.supervisor import Supervisor
     from vllm_use.storage import Database
 
 
@@ -27,10 +28,18 @@ class AppContext:
     auth: Authenticator
     registry: Registry
     downloads: DownloadManager
+    runtime: Supervisor
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)
+
+    def upstream_origin(self) -> str:
+        """The gateway's upstream: --upstream if given, else the runtime's current port (S4.3)."""
+        if self.config.upstream_explicit:
+            return self.config.upstream
+        child = self.runtime.child
+        return f"http://127.0.0.1:{child.port if child else self.config.runtime_port}"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ listings show them. Later issues add models, downloads and runtime here.
 
 from __future__ import annotations
 
-from vllm_use.abilities import api_keys, downloads, gpu, models, requests, settings, system
+from vllm_use.abilities import api_keys, downloads, gpu, models, requests, runtime, settings, system
 from vllm_use.registry import Registry
 
 
@@ -15,6 +15,7 @@ def register_all(registry: Registry) -> Registry:
     gpu.register(registry)
     models.register(registry)
     downloads.register(registry)
+    runtime.register(registry)
     api_keys.register(registry)
     settings.register(registry)
     requests.register(registry)

@@ -1,0 +1,189 @@
+"""`runtime.*` (S4.3): status, start, stop, restart, switch, logs.
+
+Mutations hold the lifecycle lock (shared with `models.delete`) while they
+change what runs; waiting for readiness happens outside it, so `runtime.stop`
+can cancel a start that is still loading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from vllm_use import models
+from vllm_use.abilities.models import ModelId, load_model
+from vllm_use.context import Call
+from vllm_use.errors import Conflict, InvalidArguments
+from vllm_use.registry import Args, NoArgs, Registry, Result
+from vllm_use.runtime.options import NAME_PATTERN, RuntimeOptions, build_argv
+from vllm_use.scopes import READ, RUNTIME_WRITE
+
+
+class StartArgs(Args):
+    options: RuntimeOptions
+
+
+class RestartArgs(Args):
+    options: RuntimeOptions | None = None
+
+
+class SwitchArgs(Args):
+    model_id: ModelId
+    options: RuntimeOptions | None = None
+
+
+class LogsArgs(Args):
+    tail: int | None = Field(default=None, ge=1, le=100_000)
+
+
+class Status(Result):
+    state: Literal["stopped", "starting", "ready", "stopping", "failed"]
+    pid: int | None
+    pgid: int | None
+    port: int | None
+    model: str | None
+    active_model_id: str | None
+    options: dict[str, Any] | None
+    started_at: str | None
+    uptime_s: float | None
+    exit_code: int | None
+    error: str | None
+    last_lines: list[str]
+
+
+class LogLines(Result):
+    lines: list[str]
+
+
+def _bad(field: str, message: str) -> InvalidArguments:
+    return InvalidArguments(
+        f"invalid arguments: {field}: {message}", errors=[{"loc": [field], "msg": message}]
+    )
+
+
+def _check_argv(call: Call, model: str, options: RuntimeOptions) -> None:
+    """Everything that would make the spawn fail, checked before anything is stopped."""
+    build_argv(call.app.config.vllm_bin, model, options, options.port or call.app.config.runtime_port)
+
+
+async def _switch_target(call: Call, model_id: str) -> tuple[models.ModelRecord, Path]:
+    record = await load_model(call, model_id)
+    if record.status != "ready" or not record.dir:
+        raise Conflict(f"model {record.id} is {record.status}; only ready models can run")
+    root = call.app.config.models_dir
+
+    def check() -> Path:  # just before spawn: still a real directory directly under the root
+        path = models.real_model_dir(root, record.dir)
+        if Path(os.path.realpath(path)).parent != Path(os.path.realpath(root)):
+            raise _bad("model_id", f"{path} resolves outside the models root")
+        return path
+
+    try:
+        path = await asyncio.get_running_loop().run_in_executor(None, check)
+    except (OSError, InvalidArguments) as exc:
+        raise Conflict(
+            f"model {record.id}'s directory is no longer a real directory under the models root"
+        ) from (exc if isinstance(exc, InvalidArguments) else None)
+    return record, path
+
+
+def register(registry: Registry) -> None:
+    @registry.method(
+        "runtime.status",
+        "The vLLM runtime: state, pid, port, options, active model, uptime; exit code and last lines on failure.",
+        NoArgs,
+        Status,
+        READ,
+    )
+    async def status(call: Call, args: NoArgs) -> dict[str, Any]:
+        return call.app.runtime.status()
+
+    @registry.method("runtime.logs", "vLLM's output (bounded, newest last).", LogsArgs, LogLines, READ)
+    async def logs(call: Call, args: LogsArgs) -> dict[str, Any]:
+        return {"lines": call.app.runtime.logs.lines(args.tail)}
+
+    @registry.method(
+        "runtime.start",
+        "Start vllm serve directly on options.model (a directory or Hub id). Returns once healthy.",
+        StartArgs,
+        Status,
+        RUNTIME_WRITE,
+    )
+    async def start(call: Call, args: StartArgs) -> dict[str, Any]:
+        options = args.options
+        if options.model is None:
+            raise _bad("options.model", "runtime.start needs a model (or use runtime.switch with a model_id)")
+        _check_argv(call, options.model, options)
+        runtime = call.app.runtime
+        async with call.app.lifecycle.lock:
+            if runtime.state in ("starting", "ready", "stopping"):
+                raise Conflict(
+                    f"the runtime is {runtime.state}; use runtime.restart, runtime.switch or stop it"
+                )
+            path = Path(options.model) if os.path.isabs(options.model) else None
+            real = Path(os.path.realpath(path)) if path is not None else None
+            runtime.spawn(options.model, options, active_model_id=None, model_path=real)
+        return await runtime.wait_ready()
+
+    @registry.method(
+        "runtime.switch",
+        "Run a ready registered model (stopping whatever runs now). Returns once healthy.",
+        SwitchArgs,
+        Status,
+        RUNTIME_WRITE,
+    )
+    async def switch(call: Call, args: SwitchArgs) -> dict[str, Any]:
+        options = args.options or RuntimeOptions()
+        if options.model is not None:
+            raise _bad("options.model", "runtime.switch takes the model from the registry; leave it out")
+        runtime = call.app.runtime
+        async with call.app.lifecycle.lock:
+            record, path = await _switch_target(call, args.model_id)
+            if options.served_model_name is None and re.fullmatch(NAME_PATTERN, record.name):
+                options = options.model_copy(update={"served_model_name": record.name})
+            _check_argv(call, str(path), options)
+            await runtime.stop()
+            record, path = await _switch_target(call, args.model_id)  # re-checked just before spawn
+            runtime.spawn(str(path), options, active_model_id=record.id, model_path=path)
+        return await runtime.wait_ready()
+
+    @registry.method(
+        "runtime.restart",
+        "Restart the running model, optionally with new options (validated before anything is stopped).",
+        RestartArgs,
+        Status,
+        RUNTIME_WRITE,
+    )
+    async def restart(call: Call, args: RestartArgs) -> dict[str, Any]:
+        runtime = call.app.runtime
+        async with call.app.lifecycle.lock:
+            child = runtime.child
+            if child is None or (runtime.state == "stopped" and child.model is None):
+                raise Conflict("nothing to restart: start or switch first")
+            options = args.options or child.options
+            if args.options is not None and child.active_model_id and options.model is not None:
+                raise _bad("options.model", "a registry model's path can't be changed; use runtime.switch")
+            model = child.model if child.active_model_id or options.model is None else options.model
+            _check_argv(call, model, options)
+            active, model_path = child.active_model_id, child.model_path
+            if active:
+                _, model_path = await _switch_target(call, active)
+            await runtime.stop()
+            runtime.spawn(model, options, active_model_id=active, model_path=model_path)
+        return await runtime.wait_ready()
+
+    @registry.method(
+        "runtime.stop",
+        "Stop vLLM: SIGTERM to its process group, SIGKILL after a grace period; a loading start is killed at once.",
+        NoArgs,
+        Status,
+        RUNTIME_WRITE,
+    )
+    async def stop(call: Call, args: NoArgs) -> dict[str, Any]:
+        async with call.app.lifecycle.lock:
+            return await call.app.runtime.stop()

@@ -1,0 +1,308 @@
+"""The supervisor of one `vllm serve` (S4.3). Runs on the IOLoop.
+
+    stopped ──start/switch──▶ starting ──/health 200──▶ ready
+       ▲                        │  │                      │
+       │                        │  └─exit / timeout──▶ failed ◀──exit──┘
+       └──────── stopping ◀─────┴──────stop─────────────────┘
+
+The child is `python -m vllm_use.runtime.reaper` leading a new session with
+`vllm serve` under it (see reaper.py: if vllm-use dies, the whole group dies).
+stdout and stderr are one pipe, drained into a bounded `LogBuffer`; a terminal
+state is published only after all output was read. Readiness polls
+`http://127.0.0.1:<port>/health` (no proxies, no redirects; connection refused
+means still loading). Stop: SIGTERM to the group, SIGKILL after the grace
+period, then wait (bounded) until no process of the group is left in /proc.
+Callers hold `Lifecycle.lock` around start/stop; `wait_ready` runs outside it so
+a stop can cancel a start that is still loading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.iostream import StreamClosedError
+from tornado.process import Subprocess
+
+from vllm_use.config import Config, child_env
+from vllm_use.errors import Conflict, ExternalError
+from vllm_use.logbuffer import LogBuffer
+from vllm_use.runtime.options import RuntimeOptions, build_argv
+
+log = logging.getLogger(__name__)
+
+TERM_GRACE_S = 10.0
+REAP_CAP_S = 15.0
+POLL_S = 0.25
+LAST_LINES = 20
+
+
+@dataclass
+class Child:
+    proc: Subprocess
+    pgid: int
+    argv: list[str]
+    options: RuntimeOptions
+    port: int
+    model: str
+    active_model_id: str | None
+    model_path: Path | None
+    exited: asyncio.Future[int]
+    drained: asyncio.Future[None]
+    started_at: float = field(default_factory=time.time)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    stopping: bool = False
+    tasks: list[asyncio.Future[None]] = field(default_factory=list)  # drain and watch, kept referenced
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids whose process group is `pgid`, read from /proc (the main pid alone is not enough)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # comm may hold spaces and parentheses: the fields after the last ")" are fixed.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            members.append(int(entry))
+    return members
+
+
+class Supervisor:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state = "stopped"
+        self.child: Child | None = None
+        self.logs = LogBuffer()
+        self.exit_code: int | None = None
+        self.error: str | None = None
+        self.last_lines: list[str] = []
+
+    # --- views ---------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        child = self.child
+        return {
+            "state": self.state,
+            "pid": self.vllm_pid() if child and self.state in ("starting", "ready", "stopping") else None,
+            "pgid": child.pgid if child else None,
+            "port": child.port if child else None,
+            "model": child.model if child else None,
+            "active_model_id": child.active_model_id if child else None,
+            "options": child.options.model_dump(mode="json", exclude_none=True) if child else None,
+            "started_at": _iso(child.started_at) if child else None,
+            "uptime_s": round(time.monotonic() - child.started_monotonic, 1)
+            if child and self.state == "ready"
+            else None,
+            "exit_code": self.exit_code,
+            "error": self.error,
+            "last_lines": self.last_lines if self.state == "failed" else [],
+        }
+
+    def vllm_pid(self) -> int | None:
+        """The `vllm serve` main process: the reaper's child."""
+        if self.child is None:
+            return None
+        shim = self.child.proc.pid
+        for pid in group_members(self.child.pgid):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(b")") + 2 :].split()[1]) == shim:
+                return pid
+        return None
+
+    def is_running(self, model_id: str, path: Path | None) -> bool:
+        """For the lifecycle lock: is this model what runs (or starts, or stops) now?"""
+        child = self.child
+        if child is None or self.state not in ("starting", "ready", "stopping"):
+            return False
+        if child.active_model_id == model_id:
+            return True
+        return path is not None and child.model_path is not None and child.model_path == path
+
+    # --- start ---------------------------------------------------------------------------------
+
+    def spawn(
+        self, model: str, options: RuntimeOptions, *, active_model_id: str | None, model_path: Path | None
+    ) -> None:
+        """Start the child (caller holds the lifecycle lock and stopped any previous one)."""
+        if self.state in ("starting", "ready", "stopping"):
+            raise Conflict(f"the runtime is {self.state}; stop it first")
+        port = options.port or self.config.runtime_port
+        argv = build_argv(self.config.vllm_bin, model, options, port)
+        shim = [sys.executable, "-m", "vllm_use.runtime.reaper", str(os.getpid()), "--", *argv]
+        extra = {"PYTHONUNBUFFERED": "1"}
+        if options.gpu_ids is not None:
+            extra["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in options.gpu_ids)
+        self.logs = LogBuffer()
+        self.exit_code, self.error, self.last_lines = None, None, []
+        try:
+            proc = Subprocess(
+                shim,
+                stdin=subprocess.DEVNULL,
+                stdout=Subprocess.STREAM,
+                stderr=subprocess.STDOUT,
+                env=child_env(extra),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise ExternalError(f"cannot start the runtime: {exc.strerror}") from None
+        loop = asyncio.get_running_loop()
+        child = Child(
+            proc=proc,
+            pgid=proc.pid,
+            argv=argv,
+            options=options,
+            port=port,
+            model=model,
+            active_model_id=active_model_id,
+            model_path=model_path,
+            exited=asyncio.ensure_future(proc.wait_for_exit(raise_error=False)),
+            drained=loop.create_future(),
+        )
+        self.child = child
+        self.state = "starting"
+        child.tasks = [asyncio.ensure_future(self._drain(child)), asyncio.ensure_future(self._watch(child))]
+        log.info("runtime: started %s on port %d (pgid %d)", model, port, child.pgid)
+
+    async def wait_ready(self) -> dict[str, Any]:
+        """Until /health answers 200, the child dies, the timeout passes, or a stop cancels us."""
+        child = self.child
+        assert child is not None
+        deadline = time.monotonic() + child.options.start_timeout_s
+        client = AsyncHTTPClient()
+        url = f"http://127.0.0.1:{child.port}/health"
+        while True:
+            if self.child is not child or self.state != "starting":
+                if self.state == "ready" and self.child is child:
+                    return self.status()
+                if self.state == "failed":
+                    raise ExternalError(self.error or "vllm failed to start", last_lines=self.last_lines)
+                raise Conflict(self.error or f"the start was interrupted (runtime {self.state})")
+            try:
+                request = HTTPRequest(url, follow_redirects=False, request_timeout=5, connect_timeout=2)
+                response = await client.fetch(request, raise_error=False)
+                if response.code == 200 and self.state == "starting" and self.child is child:
+                    self.state = "ready"
+                    log.info("runtime: %s is ready on port %d", child.model, child.port)
+                    return self.status()
+            except (OSError, HTTPClientError, StreamClosedError):
+                pass  # connection refused: still loading (vLLM opens its port only when ready)
+            if time.monotonic() > deadline:
+                await self._fail(child, f"not healthy within {child.options.start_timeout_s} s")
+                raise ExternalError(self.error or "start timed out", last_lines=self.last_lines)
+            await asyncio.sleep(POLL_S)
+
+    # --- stop ----------------------------------------------------------------------------------
+
+    async def stop(self, *, grace_s: float = TERM_GRACE_S) -> dict[str, Any]:
+        """Stop the child (caller holds the lifecycle lock). A loading child is killed at once."""
+        child = self.child
+        if child is None or self.state in ("stopped", "failed"):
+            if child is not None:
+                await self._kill_group(child)
+            self.state = "stopped" if self.state != "failed" else "failed"
+            return self.status()
+        loading = self.state == "starting"
+        child.stopping = True
+        self.state = "stopping"
+        await self._terminate(child, grace_s=0.0 if loading else grace_s)
+        self.state = "stopped"
+        self.error = "the start was canceled" if loading else None
+        log.info("runtime: stopped %s", child.model)
+        return self.status()
+
+    async def _terminate(self, child: Child, *, grace_s: float) -> None:
+        if grace_s > 0:
+            _signal(child.pgid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(child.exited), grace_s)
+            except TimeoutError:
+                log.warning("runtime: pgid %d ignored SIGTERM for %.0f s; killing it", child.pgid, grace_s)
+        await self._kill_group(child)
+
+    async def _kill_group(self, child: Child) -> None:
+        """SIGKILL what is left of the group and wait (bounded) until /proc shows none of it."""
+        deadline = time.monotonic() + REAP_CAP_S
+        while True:
+            _signal(child.pgid, signal.SIGKILL)
+            left = await asyncio.get_running_loop().run_in_executor(None, group_members, child.pgid)
+            if not left and child.exited.done():
+                break
+            if time.monotonic() > deadline:
+                raise ExternalError(
+                    f"processes {left} of the runtime's group {child.pgid} could not be reaped within "
+                    f"{REAP_CAP_S:.0f} s"
+                )
+            await asyncio.sleep(0.1)
+        await asyncio.wait_for(asyncio.shield(child.drained), REAP_CAP_S)
+
+    # --- background ----------------------------------------------------------------------------
+
+    async def _drain(self, child: Child) -> None:
+        assert child.proc.stdout is not None
+        while True:
+            try:
+                chunk = await child.proc.stdout.read_bytes(65536, partial=True)
+            except StreamClosedError:
+                break
+            self.logs.feed(chunk)
+        self.logs.close()
+        child.drained.set_result(None)
+
+    async def _watch(self, child: Child) -> None:
+        """The child exited: unless we stopped it, that's a failure (after all output is read)."""
+        code = await child.exited
+        await child.drained
+        if child.stopping or self.child is not child:
+            return
+        await self._fail(child, f"vllm exited with status {code}", code)
+
+    async def _fail(self, child: Child, reason: str, code: int | None = None) -> None:
+        child.stopping = True
+        try:
+            await self._kill_group(child)  # orphans (EngineCore, Worker) go too
+        except ExternalError as exc:
+            reason = f"{reason}; {exc.message}"
+        if code is None and child.exited.done():
+            code = child.exited.result()
+        self.exit_code = code
+        self.last_lines = self.logs.lines(LAST_LINES)
+        self.error = reason
+        self.state = "failed"
+        log.warning("runtime: %s failed: %s", child.model, reason)
+
+    async def shutdown(self) -> None:
+        if self.child is not None and self.state in ("starting", "ready", "stopping"):
+            await self.stop()
+
+
+def _signal(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _iso(seconds: float) -> str:
+    from vllm_use.keys import iso
+
+    return iso(int(seconds * 1000)) or ""
