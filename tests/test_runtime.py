@@ -1,0 +1,257 @@
+"""The vLLM supervisor (S4.3) with the fake `vllm`: switch, stop, restart, options, the lifecycle lock.
+
+The real CPU vLLM runs in tests/test_runtime_real.py; failure modes are in test_runtime_failures.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port, start_server
+
+FAKE_VLLM = REPO / "tools" / "fake_vllm.py"
+UPSTREAM_KEY = "upstream-secret-key-0123456789"
+
+
+def group_alive(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_bytes()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(b")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] != b"Z":
+                pids.append(int(entry))
+    return pids
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def register_local(server: Server, name: str) -> str:
+    model_dir = server.data_dir / "models" / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text("{}")
+    r = server.fetch("/api/models/local", "POST", json={"name": name, "path": name})
+    assert r.status_code == 201, r.text
+    return r.json()["model"]["id"]
+
+
+@pytest.fixture
+def runtime_server(tmp_path: Path):
+    record = tmp_path / "records"
+    record.mkdir()
+    port = free_port()
+    server = start_server(
+        tmp_path / "data",
+        "--vllm-bin",
+        str(FAKE_VLLM),
+        "--runtime-port",
+        str(port),
+        "--upstream-api-key",
+        UPSTREAM_KEY,
+        env={"FAKE_VLLM_RECORD": str(record / "{pid}.json"), "FAKE_VLLM_SPAWN_CHILDREN": "2"},
+    )
+    server.runtime_port = port  # type: ignore[attr-defined]
+    server.records = record  # type: ignore[attr-defined]
+    yield server
+    server.fetch("/api/runtime/stop", "POST")
+    server.stop()
+
+
+def records(server: Any) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(server.records.iterdir())]
+
+
+def chat(port: int, model: str) -> str:
+    r = httpx.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hello"}]},
+        timeout=10,
+        trust_env=False,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def test_switch_runs_a_ready_model_and_reports_it(runtime_server: Any) -> None:
+    model_id = register_local(runtime_server, "alpha")
+    r = runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id})
+    assert r.status_code == 200, r.text
+    status = r.json()
+    assert status["state"] == "ready"
+    assert status["active_model_id"] == model_id
+    assert status["port"] == runtime_server.runtime_port
+    assert status["model"] == str(runtime_server.data_dir / "models" / "alpha")
+    assert status["options"]["served_model_name"] == "alpha"
+    assert status["pid"] in group_alive(status["pgid"])
+    assert status["uptime_s"] >= 0
+    assert chat(runtime_server.runtime_port, "alpha")
+    assert runtime_server.fetch("/api/runtime").json()["state"] == "ready"
+    assert runtime_server.fetch("/api/runtime/logs?tail=5").json()["lines"]
+
+
+def test_switch_to_another_model_replaces_the_whole_process_tree(runtime_server: Any) -> None:
+    first, second = register_local(runtime_server, "alpha"), register_local(runtime_server, "beta")
+    before = runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": first}).json()
+    assert len(group_alive(before["pgid"])) >= 4  # reaper, vllm, EngineCore, Worker
+    after = runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": second}).json()
+    assert after["state"] == "ready" and after["active_model_id"] == second
+    assert group_alive(before["pgid"]) == []
+    assert chat(runtime_server.runtime_port, "beta")
+
+
+def test_stop_leaves_no_process_of_the_group_and_closes_the_port(runtime_server: Any) -> None:
+    model_id = register_local(runtime_server, "alpha")
+    status = runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id}).json()
+    stopped = runtime_server.fetch("/api/runtime/stop", "POST")
+    assert stopped.status_code == 200 and stopped.json()["state"] == "stopped"
+    assert group_alive(status["pgid"]) == []
+    assert not port_open(runtime_server.runtime_port)
+
+
+def test_child_environment_holds_no_admin_token_or_upstream_key(runtime_server: Any) -> None:
+    model_id = register_local(runtime_server, "alpha")
+    runtime_server.fetch(
+        "/api/runtime/switch", "POST", json={"model_id": model_id, "options": {"gpu_ids": [1, 0]}}
+    )
+    (record,) = records(runtime_server)
+    env_text = json.dumps(record["env"])
+    assert ADMIN_TOKEN not in env_text and UPSTREAM_KEY not in env_text
+    assert not any(k.startswith("VLLM_USE_") for k in record["env"])
+    assert record["env"]["CUDA_VISIBLE_DEVICES"] == "1,0"
+    assert record["argv"][1:3] == ["serve", str(runtime_server.data_dir / "models" / "alpha")]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"gpu_memory_utilization": 0},
+        {"gpu_memory_utilization": 1.01},
+        {"gpu_memory_utilization": "NaN"},
+        {"gpu_memory_utilization": "inf"},
+        {"gpu_ids": [0, 0]},
+        {"extra_args": [{"name": "--max-model-len", "values": ["4"]}]},
+        {"extra_args": [{"name": "--port", "values": ["1"]}]},
+        {"extra_args": [{"name": "--seed", "values": ["1"]}, {"name": "--seed", "values": ["2"]}]},
+        {"extra_args": [{"name": "--seed", "values": ["--trust-remote-code"]}]},
+        {"served_model_name": "--trust-remote-code"},
+        {"quantization": "--trust-remote-code"},
+        {"tool_call_parser": "hermes --trust-remote-code"},
+        {"served_model_name": "bad\nname"},
+        {"extra_args": [{"name": "--x", "values": ["a\u0007b"]}]},
+        {"extra_args": [{"name": f"--flag-{i}"} for i in range(33)]},
+        {"extra_args": [{"name": "--x", "values": ["v"] * 17}]},
+        {"extra_args": [{"name": "--x", "values": ["v" * 1025]}]},
+        {"extra_args": [{"name": f"--f{i}", "values": ["v" * 1000]} for i in range(17)]},
+        {"extra_args": [{"name": "-x"}]},
+        {"extra_args": [{"name": "--bad=flag"}]},
+        {"model": "/somewhere/else"},
+        {"port": 80},
+        {"start_timeout_s": 0},
+    ],
+)
+def test_bad_options_are_refused_before_any_process_starts(runtime_server: Any, options: dict) -> None:
+    model_id = register_local(runtime_server, "alpha")
+    r = runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id, "options": options})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_arguments"
+    assert records(runtime_server) == []
+    assert runtime_server.fetch("/api/runtime").json()["state"] == "stopped"
+
+
+def test_option_bounds_pass_at_the_limit(runtime_server: Any) -> None:
+    model_id = register_local(runtime_server, "alpha")
+    options = {
+        "gpu_memory_utilization": 1.0,
+        "extra_args": [{"name": f"--f{i}", "values": ["v"]} for i in range(32)],
+        "enable_prefix_caching": False,
+        "distributed_executor_backend": "mp",
+    }
+    r = runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id, "options": options})
+    assert r.status_code == 200, r.text
+    argv = records(runtime_server)[0]["argv"]
+    assert "--gpu-memory-utilization=1.0" in argv and "--no-enable-prefix-caching" in argv
+    assert "--distributed-executor-backend=mp" in argv and "--f31=v" in argv
+
+
+def test_restart_with_invalid_options_leaves_the_healthy_process_running(runtime_server: Any) -> None:
+    model_id = register_local(runtime_server, "alpha")
+    before = runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id}).json()
+    bad = runtime_server.fetch("/api/runtime/restart", "POST", json={"options": {"gpu_ids": [3, 3]}})
+    assert bad.status_code == 400
+    status = runtime_server.fetch("/api/runtime").json()
+    assert status["state"] == "ready" and status["pid"] == before["pid"]
+    good = runtime_server.fetch("/api/runtime/restart", "POST", json={"options": {"max_model_len": 256}})
+    assert good.status_code == 200, good.text
+    assert good.json()["pid"] != before["pid"] and good.json()["active_model_id"] == model_id
+    assert "--max-model-len=256" in records(runtime_server)[-1]["argv"]
+
+
+def test_delete_refuses_the_running_model_until_it_is_stopped(runtime_server: Any) -> None:
+    model_id = register_local(runtime_server, "alpha")
+    runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id})
+    r = runtime_server.fetch(f"/api/models/{model_id}?files=true", "DELETE")
+    assert r.status_code == 409
+    assert (runtime_server.data_dir / "models" / "alpha").is_dir()
+    runtime_server.fetch("/api/runtime/stop", "POST")
+    assert runtime_server.fetch(f"/api/models/{model_id}?files=true", "DELETE").status_code == 200
+
+
+def test_switch_refuses_a_directory_replaced_by_a_symlink(runtime_server: Any, tmp_path: Path) -> None:
+    model_id = register_local(runtime_server, "alpha")
+    model_dir = runtime_server.data_dir / "models" / "alpha"
+    elsewhere = tmp_path / "elsewhere"
+    model_dir.rename(elsewhere)
+    model_dir.symlink_to(elsewhere)
+    r = runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id})
+    assert r.status_code == 409, r.text
+    assert records(runtime_server) == []
+
+
+def test_switch_needs_a_ready_model(runtime_server: Any) -> None:
+    hf = runtime_server.fetch("/api/models/huggingface", "POST", json={"repository": "org/x"}).json()["model"]
+    assert runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": hf["id"]}).status_code == 409
+    assert runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": "0" * 32}).status_code == 404
+    assert runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": "X"}).status_code == 400
+
+
+def test_direct_start_then_switch_takes_over(runtime_server: Any) -> None:
+    direct = runtime_server.data_dir / "models" / "direct"
+    direct.mkdir(parents=True)
+    (direct / "config.json").write_text("{}")
+    r = runtime_server.fetch("/api/runtime/start", "POST", json={"options": {"model": str(direct)}})
+    assert r.status_code == 200, r.text
+    started = r.json()
+    assert started["active_model_id"] is None and started["state"] == "ready"
+    again = runtime_server.fetch("/api/runtime/start", "POST", json={"options": {"model": str(direct)}})
+    assert again.status_code == 409
+    model_id = register_local(runtime_server, "alpha")
+    switched = runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id}).json()
+    assert switched["active_model_id"] == model_id
+    assert group_alive(started["pgid"]) == []
+
+
+def test_start_needs_a_model(runtime_server: Any) -> None:
+    r = runtime_server.fetch("/api/runtime/start", "POST", json={"options": {}})
+    assert r.status_code == 400
+    assert r.json()["error"]["errors"][0]["loc"] == ["options.model"]
+
+
+def test_sigterm_stops_the_runtime_with_the_server(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "data", "--vllm-bin", str(FAKE_VLLM), "--runtime-port", str(free_port()))
+    model_id = register_local(server, "alpha")
+    status = server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id}).json()
+    assert server.stop() == 0
+    eventually(lambda: group_alive(status["pgid"]) == [], timeout=5)
