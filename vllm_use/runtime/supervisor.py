@@ -269,9 +269,13 @@ class Supervisor:
         child.drained.set_result(None)
 
     async def _watch(self, child: Child) -> None:
-        """The child exited: unless we stopped it, that's a failure (after all output is read)."""
+        """The child exited: unless we stopped it, that's a failure.
+
+        The group is killed before the output is awaited: orphaned engine processes hold the
+        pipe open, so end-of-output only comes once they are gone. `_fail` publishes the state
+        after all output was read.
+        """
         code = await child.exited
-        await child.drained
         if child.stopping or self.child is not child:
             return
         await self._fail(child, f"vllm exited with status {code}", code)

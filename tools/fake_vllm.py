@@ -1,0 +1,1022 @@
+#!/usr/bin/env python3
+"""A fast, stdlib-only stand-in for the `vllm` executable, for the runtime supervisor's unit tests.
+
+It mimics what the real vLLM 0.32 (CPU build) does, as measured in `shared/notes/real-vllm-on-cpu.md`:
+
+- `vllm --version` prints the version (`0.32.0+fake`) and exits 0.
+- `vllm serve MODEL [flags]` parses the serve flags (unknown `--flag [value…]` are recorded, not rejected,
+  unless FAKE_VLLM_STRICT=1), binds the port at once but does NOT listen while "loading" (connections are
+  refused, exactly like the real one), then listens and serves `GET /health` (200, empty body),
+  `GET /version`, `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completions` (non-stream and
+  SSE stream, OpenAI shapes, a deterministic echo of the prompt).
+- Log lines look like vLLM's: `(APIServer pid=N) INFO MM-DD HH:MM:SS [file.py:NN] …` on stdout, uvicorn's
+  `INFO:     …` lines on stderr, the access log on stdout; `Uvicorn running on http://HOST:PORT` is printed
+  once the socket is listening.
+- SIGTERM/SIGINT: logs uvicorn's shutdown lines, terminates its child processes, exits 0 within ~0.1 s.
+- A missing local model path (the positional starts with `/`, `.`, `~` or has 2+ slashes, and does not
+  exist) or a path that is not a directory: error on stderr, exit 1. A port already in use: exit 1.
+  `--gpu-memory-utilization` outside (0, 1], or `--enable-auto-tool-choice` without
+  `--tool-call-parser`: exit 1 (as the real one). A bad `--dtype` choice or a non-integer int flag:
+  argparse error, exit 2.
+- `--api-key K` (or env VLLM_API_KEY) makes `/v1/*` answer 401 `{"error": "Unauthorized"}` without
+  `Authorization: Bearer K`, like the real one.
+
+Behaviour knobs (environment variables; all optional):
+
+  FAKE_VLLM_RECORD=/path.json   Write a JSON record: argv, parsed args, unknown args (`extra_args` as
+                                `[{name, values}]`), pid, ppid, pgid, sid, cwd, env, open fds ({fd: target}),
+                                parent-death signal (PR_GET_PDEATHSIG), SigBlk/SigIgn/SigCgt masks from
+                                /proc/self/status (Python itself ignores SIGPIPE and SIGXFSZ; read before
+                                any handler is installed), children [{pid, name}], phase
+                                (`starting` → `loading` → `ready`, then `exited` with `exit_code` and
+                                `exit_reason`). Rewritten atomically at each phase. `{pid}` in the path is
+                                replaced by the pid (one file per start).
+  FAKE_VLLM_LOAD_SECONDS=0.3    Seconds of "loading" (port bound but closed) before it listens.
+  FAKE_VLLM_NEVER_HEALTHY=...   `503` (or `1`): listens, but /health answers 503 forever (other routes
+                                work). `closed`: never listens (loads forever).
+  FAKE_VLLM_IGNORE_SIGTERM=1    SIGTERM and SIGINT are logged and ignored; only SIGKILL ends it.
+  FAKE_VLLM_EXIT_AFTER=<s>      <s> seconds after start, print a last line to stderr (containing
+                                `FAKE_VLLM_EXIT_AFTER`) and exit with FAKE_VLLM_EXIT_CODE (default 1).
+                                Children are terminated first unless FAKE_VLLM_EXIT_ORPHANS=1.
+  FAKE_VLLM_SPAWN_CHILDREN=N    Start N child processes in the same process group (not a new session):
+                                the first is `VLLM::EngineCore`, then `VLLM::Worker` (N=2) or
+                                `VLLM::Worker_TP0..` (argv[0] and prctl(PR_SET_NAME), so /proc/PID/comm is
+                                `VLLM::EngineCor` - 15 chars). They inherit stdout/stderr (so they hold the
+                                log pipe open), exit on SIGTERM, and, like the real ones, do NOT die when the
+                                main process is SIGKILLed (orphans until their group is signalled).
+  FAKE_VLLM_LINE_BYTES=<n>      With FAKE_VLLM_LINES=<k>: print k lines of exactly n bytes each (newline
+  FAKE_VLLM_LINES=<k>           not counted) while loading, alternating stdout/stderr (line 0 on stdout);
+                                the last line always goes to stderr and contains `FAKE_VLLM_LAST_LINE`
+                                (it is made long enough to hold the marker). Lines start with
+                                `fake line NNNNNN ` and are padded with FAKE_VLLM_LINE_FILL (default `x`; a
+                                multibyte character like `é` tests UTF-8 boundaries; the last few bytes
+                                are `x` when the character doesn't fit).
+  FAKE_VLLM_FAIL_ON_START=<c>   Halfway through loading: print EngineCore failure lines to stderr (the last
+                                one `RuntimeError: Engine core initialization failed. …`) and exit <c>.
+  FAKE_VLLM_TOKEN_SECONDS=0.002 Delay between streamed SSE chunks (raise it to test disconnects/relays).
+  FAKE_VLLM_OFFLINE=1           A hub id (e.g. `org/name`, not a local path) fails like the real one
+                                without network: after the load time, error on stderr, exit 1. Default:
+                                hub ids "load" like local paths.
+  FAKE_VLLM_REQUIRE_CONFIG=1    A local directory without `config.json` fails like the real one (exit 1).
+                                Default: any existing directory is accepted.
+  FAKE_VLLM_STRICT=1            Unknown flags are an argparse error (exit 2), as in the real vLLM.
+  FAKE_VLLM_VERSION=<v>         The version printed/served (default `0.32.0+fake`).
+  FAKE_VLLM_MAX_LIFETIME=600    Safety net: the main process and its children exit by themselves after
+                                this many seconds (0 = never), so a forgotten test process doesn't linger.
+
+Usage in tests: `--vllm-bin /abs/path/tools/fake_vllm.py`; start it with `start_new_session=True` and
+signal its process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+VERSION = os.environ.get("FAKE_VLLM_VERSION") or "0.32.0+fake"
+CHILD_MARK = "__fake_vllm_child__"
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+DTYPES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
+STARTED = time.monotonic()
+
+_out_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        return default
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        return default
+
+
+def _write(stream: Any, data: bytes) -> None:
+    with _out_lock:
+        try:
+            stream.buffer.write(data)
+            stream.buffer.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+
+def out(line: str) -> None:
+    _write(sys.stdout, (line + "\n").encode("utf-8", "replace"))
+
+
+def err(line: str) -> None:
+    _write(sys.stderr, (line + "\n").encode("utf-8", "replace"))
+
+
+def vlog(level: str, where: str, msg: str, proc: str = "APIServer", pid: int | None = None) -> str:
+    """A line in vLLM's logger format, with the per-process prefix of vLLM ≥ 0.10."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    return f"({proc} pid={pid or os.getpid()}) {level} {stamp} [{where}] {msg}"
+
+
+def uvlog(msg: str) -> str:
+    return f"(APIServer pid={os.getpid()}) INFO:     {msg}"
+
+
+def set_comm(name: str) -> None:
+    """prctl(PR_SET_NAME): the name `ps -o comm` and /proc/PID/comm show (15 bytes max)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+def parent_death_signal() -> int | None:
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        value = ctypes.c_int(0)
+        if libc.prctl(2, ctypes.byref(value), 0, 0, 0) == 0:  # PR_GET_PDEATHSIG
+            return value.value
+    return None
+
+
+def signal_masks() -> dict[str, str]:
+    masks: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("SigBlk", "SigIgn", "SigCgt"):
+                masks[key] = value.strip()
+    return masks
+
+
+def human_int(text: str) -> int:
+    """vLLM's human_readable_int: `64M` = 64 MiB (upper case binary), `64m` = 64e6 (lower case decimal)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid human-readable integer: {text!r}")
+    number, unit = m.groups()
+    if not unit:
+        if "." in number:
+            raise argparse.ArgumentTypeError(f"invalid integer: {text!r}")
+        return int(number)
+    power = "kmgt".index(unit.lower()) + 1
+    base = 1024 if unit.isupper() else 1000
+    return int(float(number) * base**power)
+
+
+def max_len_arg(text: str) -> int:
+    if text.strip().lower() in ("auto", "-1"):
+        return -1
+    return human_int(text)
+
+
+# ---------------------------------------------------------------------------------------------- argv
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm", description="vLLM CLI (fake)")
+    parser.add_argument("-v", "--version", action="version", version=VERSION)
+    sub = parser.add_subparsers(dest="subparser", required=True)
+    serve = sub.add_parser("serve", help="Start the vLLM OpenAI Compatible API server.")
+    bool_flag = argparse.BooleanOptionalAction
+    serve.add_argument("model_tag", nargs="?", default=None)
+    serve.add_argument("--model", default=None)
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", nargs="+", default=None)
+    serve.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    serve.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    serve.add_argument("--max-model-len", type=max_len_arg, default=None)
+    serve.add_argument("--max-num-seqs", type=int, default=None)
+    serve.add_argument("--dtype", choices=DTYPES, default="auto")
+    serve.add_argument("--quantization", "-q", default=None)
+    serve.add_argument("--enable-prefix-caching", action=bool_flag, default=None)
+    serve.add_argument("--tool-call-parser", default=None)
+    serve.add_argument("--reasoning-parser", default=None)
+    serve.add_argument("--enable-auto-tool-choice", action=bool_flag, default=False)
+    serve.add_argument("--trust-remote-code", action=bool_flag, default=False)
+    serve.add_argument("--distributed-executor-backend", default=None)
+    serve.add_argument("--enforce-eager", action=bool_flag, default=False)
+    serve.add_argument("--kv-cache-memory-bytes", type=human_int, default=None)
+    serve.add_argument("--api-key", default=None)
+    serve.add_argument("--seed", type=int, default=None)
+    serve.add_argument("--uvicorn-log-level", default="info")
+    serve.add_argument("--disable-uvicorn-access-log", action=bool_flag, default=False)
+    serve.add_argument("--disable-log-requests", action=bool_flag, default=False)
+    serve.add_argument("--disable-log-stats", action=bool_flag, default=False)
+    return parser
+
+
+def group_unknown(tokens: list[str]) -> list[dict[str, Any]]:
+    """`--flag v1 v2 --other --x=y` → [{name: --flag, values: [v1, v2]}, {name: --other, values: []}, …]."""
+    groups: list[dict[str, Any]] = []
+    for tok in tokens:
+        if tok.startswith("-") and len(tok) > 1 and not re.fullmatch(r"-\d+(\.\d+)?", tok):
+            name, eq, value = tok.partition("=")
+            groups.append({"name": name, "values": [value] if eq else []})
+        elif groups:
+            groups[-1]["values"].append(tok)
+        else:
+            groups.append({"name": None, "values": [tok]})
+    return groups
+
+
+def looks_like_path(model: str) -> bool:
+    return model.startswith(("/", ".", "~")) or model.count("/") >= 2 or os.sep + os.sep in model
+
+
+# ---------------------------------------------------------------------------------------------- record
+
+
+class Recorder:
+    def __init__(self, base: dict[str, Any]) -> None:
+        raw = os.environ.get("FAKE_VLLM_RECORD", "")
+        self.path = raw.replace("{pid}", str(os.getpid())) if raw else ""
+        self.data = base
+
+    def write(self, **updates: Any) -> None:
+        self.data.update(updates)
+        if not self.path:
+            return
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with contextlib.suppress(OSError):
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(self.data, f, indent=1, sort_keys=True, default=str)
+            os.replace(tmp, self.path)
+
+
+def open_fds() -> dict[str, str]:
+    """{fd: what it points to} for the fds inherited from the parent (e.g. to spot leaked sockets)."""
+    fds: dict[str, str] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return fds
+    for name in sorted(names, key=int):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if not target.startswith("/proc/") or not target.endswith("/fd"):  # the listing's own fd
+                fds[name] = target
+    return fds
+
+
+# ---------------------------------------------------------------------------------------------- HTTP
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"\S+\s*", text)
+
+
+def message_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, message: str, kind: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.kind, self.param = code, message, kind, param
+
+
+class FakeServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, addr: tuple[str, int], family: int, app: App) -> None:
+        self.address_family = family
+        self.app = app
+        super().__init__(addr, Handler, bind_and_activate=False)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind would call socket.getfqdn() (a DNS lookup); bind only.
+        if self.allow_reuse_address:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(self.server_address)
+        self.server_address = self.socket.getsockname()
+        self.server_name = str(self.server_address[0])
+        self.server_port = self.server_address[1]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: FakeServer
+
+    def version_string(self) -> str:
+        return "uvicorn"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def log_request(self, code: Any = "-", size: Any = "-") -> None:
+        app = self.server.app
+        if app.access_log:
+            try:
+                phrase = f"{int(code)} {self.responses.get(int(code), ('',))[0]}"
+            except (TypeError, ValueError):
+                phrase = str(code)
+            host, port = self.client_address[:2]
+            out(uvlog(f'{host}:{port} - "{self.command} {self.path} {self.request_version}" {phrase}'))
+
+    # -- plumbing
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            body = bytearray()
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(body)
+                body += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        if body or code != 200 or ctype != "application/json":
+            self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, code: int, obj: Any) -> None:
+        self._send(code, json.dumps(obj, separators=(",", ":")).encode())
+
+    def _error(self, e: ApiError) -> None:
+        self._json(
+            e.code, {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}}
+        )
+
+    def _dispatch(self) -> None:
+        path = self.path.split("?", 1)[0]
+        routes = self.server.app.routes
+        if path not in routes:
+            self._json(404, {"detail": "Not Found"})
+            return
+        handler = routes[path].get(self.command)
+        if handler is None:
+            self._json(405, {"detail": "Method Not Allowed"})
+            return
+        if path.startswith("/v1") and not self.server.app.authorized(self.headers.get("Authorization")):
+            self._json(401, {"error": "Unauthorized"})
+            return
+        try:
+            handler(self)
+        except ApiError as e:
+            self._error(e)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _dispatch
+
+    # -- routes
+
+    def health(self) -> None:
+        self._send(503 if self.server.app.never_healthy else 200, b"")
+
+    def version(self) -> None:
+        self._json(200, {"version": VERSION})
+
+    def models(self) -> None:
+        app = self.server.app
+        now = int(time.time())
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": now,
+                "owned_by": "vllm",
+                "root": app.model,
+                "parent": None,
+                "max_model_len": app.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex}",
+                        "object": "model_permission",
+                        "created": now,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+            for name in app.served_names
+        ]
+        self._json(200, {"object": "list", "data": data})
+
+    def _request_json(self) -> dict[str, Any]:
+        raw = self._read_body()
+        try:
+            body = json.loads(raw or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"JSON decode error: {e}") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "Input should be a valid dictionary or object to extract fields from")
+        return body
+
+    def _plan(
+        self, body: dict[str, Any], prompt_text: str, n_prompt: int
+    ) -> tuple[str, list[str], str, dict]:
+        app = self.server.app
+        model = body.get("model")
+        if model is None:
+            model = app.served_names[0]
+        if model not in app.served_names:
+            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ApiError(400, f"max_tokens must be at least 1, got {limit!r}.")
+        room = app.max_model_len - n_prompt
+        if limit is not None and limit > room:
+            raise ApiError(
+                400,
+                f"'max_tokens' or 'max_completion_tokens' is too large: {limit}. This model's maximum "
+                f"context length is {app.max_model_len} tokens and your request has {n_prompt} input "
+                f"tokens ({limit} > {app.max_model_len} - {n_prompt}).",
+            )
+        tokens = words("Echo: " + prompt_text)[: max(room, 0)]
+        finish = "stop"
+        if limit is not None and len(tokens) > limit:
+            tokens, finish = tokens[:limit], "length"
+        usage = {
+            "prompt_tokens": n_prompt,
+            "total_tokens": n_prompt + len(tokens),
+            "completion_tokens": len(tokens),
+        }
+        return model, tokens, finish, usage
+
+    def chat(self) -> None:
+        body = self._request_json()
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "messages: Field required (a non-empty list of message objects)")
+        last_user = ""
+        n_prompt = 0
+        for m in messages:
+            text = message_text(m.get("content"))
+            n_prompt += len(words(text)) + 3
+            if m.get("role") == "user":
+                last_user = text
+        model, tokens, finish, usage = self._plan(body, last_user.strip(), n_prompt)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if not body.get("stream"):
+            self._json(
+                200,
+                {
+                    "id": rid,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {
+                                "role": "assistant",
+                                "content": "".join(tokens),
+                                "refusal": None,
+                                "annotations": None,
+                                "audio": None,
+                                "function_call": None,
+                                "tool_calls": [],
+                                "reasoning_content": None,
+                            },
+                            "logprobs": None,
+                            "finish_reason": finish,
+                            "stop_reason": None,
+                        }
+                    ],
+                    "service_tier": None,
+                    "system_fingerprint": None,
+                    "usage": {**usage, "prompt_tokens_details": None},
+                    "prompt_logprobs": None,
+                    "kv_transfer_params": None,
+                },
+            )
+            return
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+        chunks = [
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        ]
+        for i, tok in enumerate(tokens):
+            last = i == len(tokens) - 1
+            choice = {
+                "index": 0,
+                "delta": {"content": tok},
+                "logprobs": None,
+                "finish_reason": finish if last else None,
+            }
+            if last:
+                choice["stop_reason"] = None
+            chunks.append({**head, "choices": [choice]})
+        if not tokens:
+            chunks.append(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {},
+                            "logprobs": None,
+                            "finish_reason": finish,
+                            "stop_reason": None,
+                        }
+                    ],
+                }
+            )
+        self._stream(rid, chunks, body, head, usage)
+
+    def completions(self) -> None:
+        body = self._request_json()
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            prompt = " ".join(str(p) for p in prompt)
+        if not isinstance(prompt, str):
+            raise ApiError(400, "prompt: Field required (a string or a list of strings)")
+        model, tokens, finish, usage = self._plan(body, prompt.strip(), len(words(prompt)) + 1)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        if not body.get("stream"):
+            choice = {
+                "index": 0,
+                "text": "".join(tokens),
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+            self._json(
+                200,
+                {
+                    **head,
+                    "choices": [choice],
+                    "service_tier": None,
+                    "system_fingerprint": None,
+                    "usage": usage,
+                    "kv_transfer_params": None,
+                },
+            )
+            return
+        chunks = []
+        for i, tok in enumerate(tokens or [""]):
+            last = i == max(len(tokens), 1) - 1
+            chunks.append(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": tok,
+                            "logprobs": None,
+                            "finish_reason": finish if last else None,
+                            "stop_reason": None,
+                        }
+                    ],
+                }
+            )
+        self._stream(rid, chunks, body, head, usage)
+
+    def _stream(self, rid: str, chunks: list[dict], body: dict, head: dict, usage: dict) -> None:
+        opts = body.get("stream_options")
+        if isinstance(opts, dict) and opts.get("include_usage"):
+            chunks.append({**head, "choices": [], "usage": usage})
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        delay = self.server.app.token_seconds
+        events = [b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n" for c in chunks]
+        events.append(b"data: [DONE]\n\n")
+        try:
+            for i, ev in enumerate(events):
+                if i and delay > 0:
+                    time.sleep(delay)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+            out(vlog("INFO", "async_llm.py:437", f"Aborted request {rid}."))
+
+
+ROUTES: dict[str, dict[str, Any]] = {
+    "/health": {"GET": Handler.health},
+    "/version": {"GET": Handler.version},
+    "/v1/models": {"GET": Handler.models},
+    "/v1/chat/completions": {"POST": Handler.chat},
+    "/v1/completions": {"POST": Handler.completions},
+}
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+class App:
+    def __init__(self, args: argparse.Namespace, model: str) -> None:
+        self.args = args
+        self.model = model
+        self.served_names: list[str] = list(args.served_model_name or [model])
+        self.max_model_len = self._max_len()
+        self.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+        self.access_log = not args.disable_uvicorn_access_log
+        self.token_seconds = max(0.0, _env_float("FAKE_VLLM_TOKEN_SECONDS", 0.002))
+        mode = os.environ.get("FAKE_VLLM_NEVER_HEALTHY", "").strip().lower()
+        self.never_listen = mode == "closed"
+        self.never_healthy = mode in ("1", "503", "true", "yes")
+        self.routes = ROUTES
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.child_info: list[dict[str, Any]] = []
+        self.server: FakeServer | None = None
+        self.signals: list[int] = []
+
+    def _max_len(self) -> int:
+        if self.args.max_model_len is not None and self.args.max_model_len > 0:
+            return int(self.args.max_model_len)
+        with (
+            contextlib.suppress(Exception),
+            open(os.path.join(os.path.expanduser(self.model), "config.json")) as f,
+        ):
+            value = json.load(f).get("max_position_embeddings")
+            if isinstance(value, int) and value > 0:
+                return value
+        return 2048
+
+    def authorized(self, header: str | None) -> bool:
+        if not self.api_key:
+            return True
+        return header == f"Bearer {self.api_key}"
+
+
+def child_main(name: str, tag: str, ready_fd: int) -> None:
+    set_comm(name)
+    pid = os.getpid()
+    with contextlib.suppress(OSError):
+        os.write(ready_fd, b".")
+        os.close(ready_fd)
+    out(vlog("INFO", "core.py:93", f"{name} started (fake), waiting for work", proc=tag, pid=pid))
+    lifetime = _env_float("FAKE_VLLM_MAX_LIFETIME", 600.0)
+    while lifetime <= 0 or time.monotonic() - STARTED < lifetime:
+        time.sleep(0.2)
+    os._exit(0)
+
+
+def spawn_children(app: App, n: int) -> int:
+    """Start the children; returns the read end of a pipe each writes one byte to once it's named."""
+    me = os.path.abspath(__file__)
+    ready_r, ready_w = os.pipe()
+    for i in range(n):
+        if i == 0:
+            name, tag = "VLLM::EngineCore", "EngineCore_DP0"
+        elif n == 2:
+            name, tag = "VLLM::Worker", "Worker"
+        else:
+            name, tag = f"VLLM::Worker_TP{i - 1}", f"Worker_TP{i - 1}"
+        argv = [name, me, CHILD_MARK, name, tag, str(ready_w)]
+        proc = subprocess.Popen(
+            argv, executable=sys.executable or "python3", stdin=subprocess.DEVNULL, pass_fds=(ready_w,)
+        )
+        app.children.append(proc)
+        app.child_info.append({"pid": proc.pid, "name": name})
+    os.close(ready_w)
+    return ready_r
+
+
+def stop_children(app: App, grace: float = 2.0) -> None:
+    for p in app.children:
+        with contextlib.suppress(OSError):
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in app.children:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                p.kill()
+            with contextlib.suppress(Exception):
+                p.wait(1.0)
+
+
+def finish(app: App | None, rec: Recorder, code: int, reason: str, *, children: bool = True) -> None:
+    if app is not None and children:
+        stop_children(app)
+    rec.write(phase="exited", exit_code=code, exit_reason=reason)
+    with _out_lock:
+        for s in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                s.flush()
+    os._exit(code)
+
+
+def traceback_exit(rec: Recorder, lines: list[str], code: int, reason: str, app: App | None = None) -> None:
+    err("Traceback (most recent call last):")
+    err('  File "/opt/vllm/bin/vllm", line 10, in <module>')
+    err("    sys.exit(main())")
+    for line in lines:
+        err(line)
+    finish(app, rec, code, reason)
+
+
+def serve_main(argv: list[str]) -> None:
+    rec = Recorder(
+        {
+            "argv": [sys.argv[0], *argv],
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "pgid": os.getpgid(0),
+            "sid": os.getsid(0),
+            "cwd": os.getcwd(),
+            "executable": sys.executable,
+            "env": dict(os.environ),
+            "open_fds": open_fds(),
+            "parent_death_signal": parent_death_signal(),
+            "signal_masks": signal_masks(),
+            "children": [],
+            "phase": "starting",
+        }
+    )
+    rec.write()
+    parser = build_parser()
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        rec.data.update(args=dict(vars(args)), unknown_args=unknown, extra_args=group_unknown(unknown))
+        rec.write()
+        if unknown and os.environ.get("FAKE_VLLM_STRICT", "") not in ("", "0"):
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as e:  # argparse: usage error (2) or --help (0)
+        rec.write(phase="exited", exit_code=e.code, exit_reason="argparse")
+        raise
+
+    # Signals: flag only; the main loop acts on them.
+    pending: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        pending.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    model = args.model_tag or args.model or DEFAULT_MODEL
+    app = App(args, model)
+    ignore_term = os.environ.get("FAKE_VLLM_IGNORE_SIGTERM", "") not in ("", "0")
+    exit_after = _env_float("FAKE_VLLM_EXIT_AFTER", -1.0)
+    exit_code = _env_int("FAKE_VLLM_EXIT_CODE", 1)
+    lifetime = _env_float("FAKE_VLLM_MAX_LIFETIME", 600.0)
+
+    def pump(until: float | None) -> None:
+        """Sleep until `until` (monotonic; None = forever), acting on signals and the exit knobs."""
+        while True:
+            while pending:
+                signum = pending.pop(0)
+                name = signal.Signals(signum).name
+                if ignore_term:
+                    err(vlog("WARNING", "fake_vllm.py:1", f"FAKE_VLLM_IGNORE_SIGTERM: ignoring {name}"))
+                    continue
+                if app.server is not None:
+                    err(uvlog("Shutting down"))
+                    err(uvlog("Waiting for application shutdown."))
+                    err(uvlog("Application shutdown complete."))
+                    err(uvlog(f"Finished server process [{os.getpid()}]"))
+                else:
+                    out(vlog("INFO", "launcher.py:101", f"Received {name} while loading, shutting down."))
+                finish(app, rec, 0, f"signal {name}")
+            now = time.monotonic()
+            if exit_after >= 0 and now - STARTED >= exit_after:
+                err(
+                    vlog(
+                        "ERROR",
+                        "core_client.py:564",
+                        "Engine core proc EngineCore_DP0 died unexpectedly, "
+                        f"shutting down client. (FAKE_VLLM_EXIT_AFTER={exit_after:g})",
+                    )
+                )
+                orphans = os.environ.get("FAKE_VLLM_EXIT_ORPHANS", "") not in ("", "0")
+                finish(app, rec, exit_code, "exit_after", children=not orphans)
+            if lifetime > 0 and now - STARTED >= lifetime:
+                finish(app, rec, 0, "max_lifetime")
+            if until is not None and now >= until:
+                return
+            step = 0.01
+            if until is not None:
+                step = min(step, max(until - now, 0.0))
+            time.sleep(step)
+
+    # What the real one checks before run_server.
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        traceback_exit(
+            rec, ["TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser"], 1, "config"
+        )
+    if not (0 < args.gpu_memory_utilization <= 1):
+        traceback_exit(
+            rec,
+            [
+                "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig",
+                "gpu_memory_utilization",
+                f"  Input should be less than or equal to 1 [type=less_than_equal, input_value={args.gpu_memory_utilization}]",
+            ],
+            1,
+            "config",
+        )
+
+    out(vlog("INFO", "api_server.py:1896", f"vLLM API server version {VERSION}"))
+    defaults = vars(build_parser().parse_args(["serve"]))
+    non_default = {k: v for k, v in vars(args).items() if defaults.get(k) != v and k != "subparser"}
+    out(vlog("INFO", "utils.py:328", f"non-default args: {non_default!r}"))
+
+    host = args.host if args.host else "0.0.0.0"  # noqa: S104 - the real default: all interfaces
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        app.server = None
+        server = FakeServer((host, args.port), family, app)
+        server.server_bind()  # bound now, listening only when "loaded": connections are refused meanwhile
+    except OSError as e:
+        traceback_exit(rec, [f"OSError: [Errno {e.errno}] {e.strerror}"], 1, "bind")
+
+    hub_id = not looks_like_path(model) and not os.path.exists(os.path.expanduser(model))
+    local = os.path.expanduser(model)
+    bad_local = not hub_id and (
+        not os.path.isdir(local)
+        or (
+            os.environ.get("FAKE_VLLM_REQUIRE_CONFIG", "") not in ("", "0")
+            and not os.path.isfile(os.path.join(local, "config.json"))
+        )
+    )
+    if bad_local:
+        traceback_exit(
+            rec,
+            [
+                f"ValueError: Invalid repository ID or local directory specified: '{model}'.",
+                "Please verify the following requirements:",
+                "1. Provide a valid Hugging Face repository ID.",
+                "2. Specify a local directory that contains a recognized configuration file.",
+                "   - For Hugging Face models: ensure the presence of a 'config.json'.",
+            ],
+            1,
+            "model_path",
+        )
+
+    out(vlog("INFO", "model.py:547", "Resolved architecture: LlamaForCausalLM"))
+    out(vlog("INFO", "model.py:1510", f"Using max model len {app.max_model_len}"))
+    if args.kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        msg = "Environment variable VLLM_CPU_KVCACHE_SPACE (GiB) for CPU backend is not set, using 4 by default."
+        out(vlog("WARNING", "cpu.py:121", msg))
+
+    n_lines = _env_int("FAKE_VLLM_LINES", 0)
+    line_bytes = _env_int("FAKE_VLLM_LINE_BYTES", 80)
+    if n_lines > 0:
+        fill = (os.environ.get("FAKE_VLLM_LINE_FILL") or "x").encode()
+        for i in range(n_lines):
+            last = i == n_lines - 1
+            head = f"fake line {i:06d} " + ("FAKE_VLLM_LAST_LINE " if last else "")
+            raw = head.encode()
+            size = max(line_bytes, len(raw)) if last else line_bytes
+            raw = raw[:size]
+            reps = (size - len(raw)) // len(fill)
+            raw += fill * reps
+            raw += b"x" * (size - len(raw))
+            _write(sys.stderr if last or i % 2 else sys.stdout, raw + b"\n")
+
+    n_children = max(0, _env_int("FAKE_VLLM_SPAWN_CHILDREN", 0))
+    ready_r = spawn_children(app, n_children)
+    os.set_blocking(ready_r, False)
+    named, wait_until = 0, time.monotonic() + 10
+    while named < n_children and time.monotonic() < wait_until:
+        try:
+            chunk = os.read(ready_r, 64)
+        except BlockingIOError:
+            chunk = None
+        if chunk == b"":
+            break  # every child closed its end (named, or died)
+        named += len(chunk or b"")
+        if named < n_children:
+            pump(time.monotonic() + 0.005)
+    os.close(ready_r)
+    rec.write(children=app.child_info, phase="loading")
+    out(
+        vlog(
+            "INFO",
+            "core.py:93",
+            f"Initializing a V1 LLM engine (v{VERSION}) with config: model='{model}', "
+            f"served_model_name={app.served_names[0]}, max_seq_len={app.max_model_len}, "
+            f"tensor_parallel_size={args.tensor_parallel_size}, dtype={args.dtype}, enforce_eager={args.enforce_eager}",
+        )
+    )
+
+    load = max(0.0, _env_float("FAKE_VLLM_LOAD_SECONDS", 0.3))
+    fail_code = os.environ.get("FAKE_VLLM_FAIL_ON_START", "").strip()
+    if fail_code:
+        pump(time.monotonic() + load / 2)
+        err(vlog("ERROR", "core.py:708", "EngineCore failed to start.", proc="EngineCore_DP0"))
+        err(
+            vlog(
+                "ERROR",
+                "core.py:708",
+                "FAKE_VLLM_FAIL_ON_START: simulated load failure",
+                proc="EngineCore_DP0",
+            )
+        )
+        try:
+            code = int(fail_code)
+        except ValueError:
+            code = 1
+        traceback_exit(
+            rec,
+            [
+                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+            ],
+            code,
+            "fail_on_start",
+            app,
+        )
+    pump(time.monotonic() + load)
+    if hub_id and os.environ.get("FAKE_VLLM_OFFLINE", "") not in ("", "0"):
+        traceback_exit(
+            rec,
+            [
+                "huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the "
+                "file on the Hub and we cannot find the requested files in the local cache.",
+                f"OSError: We couldn't connect to 'https://huggingface.co' to load the files of {model}.",
+            ],
+            1,
+            "offline",
+            app,
+        )
+    if app.never_listen:
+        out(vlog("INFO", "gpu_model_runner.py:2600", "FAKE_VLLM_NEVER_HEALTHY=closed: still loading..."))
+        pump(None)
+
+    out(vlog("INFO", "api_server.py:1692", f"Starting vLLM API server 0 on http://{host}:{args.port}"))
+    out(vlog("INFO", "launcher.py:44", "Available routes are:"))
+    for path, methods in ROUTES.items():
+        out(vlog("INFO", "launcher.py:52", f"Route: {path}, Methods: {', '.join(methods)}"))
+    err(uvlog(f"Started server process [{os.getpid()}]"))
+    err(uvlog("Waiting for application startup."))
+    err(uvlog("Application startup complete."))
+    server.server_activate()
+    app.server = server
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    err(uvlog(f"Uvicorn running on http://{shown}:{args.port} (Press CTRL+C to quit)"))
+    rec.write(phase="ready")
+    pump(None)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if len(argv) >= 4 and argv[0] == CHILD_MARK:
+        child_main(argv[1], argv[2], int(argv[3]))
+        return
+    if argv and argv[0] in ("--version", "-v"):
+        print(VERSION, flush=True)
+        return
+    if argv and argv[0] == "serve":
+        serve_main(argv)
+        return
+    build_parser().parse_args(argv)  # help, or argparse's usage error (exit 2)
+
+
+if __name__ == "__main__":
+    main()
