@@ -224,9 +224,13 @@ class Supervisor:
         loading = self.state == "starting"
         child.stopping = True
         self.state = "stopping"
-        await self._terminate(child, grace_s=0.0 if loading else grace_s)
+        self.error = "the start was canceled" if loading else None  # wait_ready may wake before we end
+        try:
+            await self._terminate(child, grace_s=0.0 if loading else grace_s)
+        except ExternalError as exc:
+            self.state, self.error = "failed", exc.message
+            raise
         self.state = "stopped"
-        self.error = "the start was canceled" if loading else None
         log.info("runtime: stopped %s", child.model)
         return self.status()
 
@@ -253,7 +257,12 @@ class Supervisor:
                     f"{REAP_CAP_S:.0f} s"
                 )
             await asyncio.sleep(0.1)
-        await asyncio.wait_for(asyncio.shield(child.drained), REAP_CAP_S)
+        try:
+            await asyncio.wait_for(asyncio.shield(child.drained), REAP_CAP_S)
+        except TimeoutError:
+            raise ExternalError(
+                f"the runtime's output pipe stayed open {REAP_CAP_S:.0f} s after its group was killed"
+            ) from None
 
     # --- background ----------------------------------------------------------------------------
 
@@ -288,7 +297,8 @@ class Supervisor:
             reason = f"{reason}; {exc.message}"
         if code is None and child.exited.done():
             code = child.exited.result()
-        self.exit_code = code
+        # The reaper reports vLLM's signals as 128+N; a signal to the reaper itself reads the same.
+        self.exit_code = 128 - code if code is not None and code < 0 else code
         self.last_lines = self.logs.lines(LAST_LINES)
         self.error = reason
         self.state = "failed"

@@ -1,0 +1,334 @@
+"""The runtime supervisor when vLLM misbehaves (S4.3), against `tools/fake_vllm.py`.
+
+A real `vllm-use serve` child runs the fake through the reaper shim; the knobs
+(FAKE_VLLM_*) make it die, hang, ignore SIGTERM, never become healthy or flood
+its log. Process groups are checked in /proc, not only the main pid: vLLM's
+EngineCore and Worker children are what leaks in real life. Each test stops
+the runtime and the server it started; the fixture SIGKILLs any group it saw
+as a last resort, so a failing test leaks nothing either.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port, start_server
+from vllm_use.runtime.supervisor import TERM_GRACE_S
+
+FAKE = str(REPO / "tools" / "fake_vllm.py")
+ENGINE_FAILURE = "RuntimeError: Engine core initialization failed"
+LINE_MAX = 64 * 1024
+TOTAL_MAX = 4 * 1024 * 1024
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) pids of process group `pgid`, from /proc/*/stat.
+
+    Zombies don't count: PID 1 of a container may never reap the orphans a test makes.
+    """
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()  # comm may hold spaces and parentheses
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry))
+    return members
+
+
+def group_alive(pgid: int) -> bool:
+    return bool(group_members(pgid))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+@dataclass
+class Runtime:
+    """A vllm-use server supervising the fake vLLM, with one registered ready model."""
+
+    server: Server
+    model_id: str
+    model_dir: Path
+    pgids: set[int] = field(default_factory=set)
+
+    def status(self) -> dict[str, Any]:
+        r = self.server.fetch("/api/runtime")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        if body["pgid"]:
+            self.pgids.add(body["pgid"])
+        return body
+
+    def logs(self) -> list[str]:
+        r = self.server.fetch("/api/runtime/logs")
+        assert r.status_code == 200, r.text[:2000]
+        return r.json()["lines"]
+
+    def switch(self, **options: Any) -> httpx.Response:
+        body = {"model_id": self.model_id, "options": options}
+        return self.server.fetch("/api/runtime/switch", "POST", json=body)
+
+    def switch_in_thread(
+        self, pool: concurrent.futures.ThreadPoolExecutor, **options: Any
+    ) -> concurrent.futures.Future[httpx.Response]:
+        """The switch blocks until healthy: run it on its own client in a thread."""
+        body = {"model_id": self.model_id, "options": options}
+
+        def call() -> httpx.Response:
+            with httpx.Client(timeout=60, trust_env=False) as client:
+                return client.post(
+                    self.server.base_url + "/api/runtime/switch",
+                    json=body,
+                    headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                )
+
+        return pool.submit(call)
+
+    def stop(self) -> httpx.Response:
+        return self.server.fetch("/api/runtime/stop", "POST")
+
+    def wait_loading(self) -> dict[str, Any]:
+        """Until the fake's main process exists and is loading (its engine line is in the log)."""
+
+        def loading() -> dict[str, Any] | None:
+            status = self.status()
+            if status["state"] != "starting" or not status["pid"] or not pid_alive(status["pid"]):
+                return None
+            return status if any("Initializing a V1 LLM engine" in line for line in self.logs()) else None
+
+        return eventually(loading, timeout=15)
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[Callable[..., Runtime]]:
+    """`runtime(**knobs)`: a server whose fake vLLM gets FAKE_VLLM_<knob>=value."""
+    made: list[Runtime] = []
+
+    def make(**knobs: Any) -> Runtime:
+        data = tmp_path / "data"
+        model_dir = data / "models" / "tiny"
+        model_dir.mkdir(parents=True)
+        (model_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+        env = {"FAKE_VLLM_MAX_LIFETIME": "120"}  # a safety net behind the teardown below
+        env.update({f"FAKE_VLLM_{name.upper()}": str(value) for name, value in knobs.items()})
+        server = start_server(data, "--vllm-bin", FAKE, "--runtime-port", str(free_port()), env=env)
+        rt = Runtime(server, "", model_dir)
+        made.append(rt)
+        r = server.fetch("/api/models/local", "POST", json={"name": "tiny", "path": "tiny"})
+        assert r.status_code == 201, r.text
+        rt.model_id = r.json()["model"]["id"]
+        return rt
+
+    yield make
+    for rt in made:
+        if rt.server.proc.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                rt.stop()
+            rt.server.stop()
+        for pgid in rt.pgids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.fixture
+def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as executor:
+        yield executor
+
+
+def ready(rt: Runtime, **options: Any) -> dict[str, Any]:
+    r = rt.switch(start_timeout_s=30, **options)
+    assert r.status_code == 200, r.text
+    status = r.json()
+    assert status["state"] == "ready"
+    rt.pgids.add(status["pgid"])
+    return status
+
+
+def error_of(r: httpx.Response) -> dict[str, Any]:
+    assert r.headers["content-type"].startswith("application/json"), r.text[:500]
+    return r.json()["error"]
+
+
+# ---------------------------------------------------------------------------------------------- deaths
+
+
+def test_sigkilled_vllm_fails_with_137_and_takes_its_orphans(runtime: Callable[..., Runtime]) -> None:
+    rt = runtime(spawn_children=2)
+    status = ready(rt)
+    pgid, pid = status["pgid"], status["pid"]
+    assert pid and pid != pgid
+    # the shim, vLLM's main process and its EngineCore and Worker
+    assert len(group_members(pgid)) >= 4, group_members(pgid)
+
+    os.kill(pid, signal.SIGKILL)
+
+    failed = eventually(lambda: (s := rt.status())["state"] == "failed" and s, timeout=5)
+    assert failed["exit_code"] == 137
+    assert any("killed by signal 9" in line for line in failed["last_lines"]), failed["last_lines"]
+    eventually(lambda: not group_alive(pgid), timeout=5)
+
+
+def test_sigkilled_vllm_use_takes_the_whole_vllm_group(runtime: Callable[..., Runtime]) -> None:
+    rt = runtime(spawn_children=2)
+    pgid = ready(rt)["pgid"]
+    assert len(group_members(pgid)) >= 4, group_members(pgid)
+
+    rt.server.stop(signal.SIGKILL)
+
+    eventually(lambda: not group_alive(pgid), timeout=5)
+
+
+# ---------------------------------------------------------------------------------------------- stops
+
+
+def test_stop_kills_a_child_that_ignores_sigterm_after_the_grace(runtime: Callable[..., Runtime]) -> None:
+    rt = runtime(ignore_sigterm=1, spawn_children=2)
+    pgid = ready(rt)["pgid"]
+
+    began = time.monotonic()
+    r = rt.stop()
+    took = time.monotonic() - began
+
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "stopped"
+    assert TERM_GRACE_S - 1 <= took < TERM_GRACE_S + 5, took  # SIGTERM first, SIGKILL after the grace
+    assert not group_alive(pgid), group_members(pgid)
+    assert any("FAKE_VLLM_IGNORE_SIGTERM: ignoring SIGTERM" in line for line in rt.logs())
+    assert rt.status()["state"] == "stopped"
+
+
+def test_stop_during_loading_kills_at_once_and_cancels_the_start(
+    runtime: Callable[..., Runtime], pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    rt = runtime(load_seconds=60, spawn_children=2)
+    switching = rt.switch_in_thread(pool, start_timeout_s=120)
+    status = rt.wait_loading()
+    pgid = status["pgid"]
+    assert len(group_members(pgid)) >= 4, group_members(pgid)
+
+    began = time.monotonic()
+    r = rt.stop()
+    took = time.monotonic() - began
+
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "stopped"
+    assert took < 3, took  # far less than the 10 s SIGTERM grace
+    assert not group_alive(pgid), group_members(pgid)
+    answer = switching.result(timeout=10)
+    assert answer.status_code == 409, answer.text
+    assert "cancel" in error_of(answer)["message"], answer.text
+
+
+def test_delete_refuses_a_model_that_is_loading(
+    runtime: Callable[..., Runtime], pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    rt = runtime(load_seconds=60)
+    switching = rt.switch_in_thread(pool, start_timeout_s=120)
+    rt.wait_loading()
+
+    for query in ("", "?files=true"):
+        r = rt.server.fetch(f"/api/models/{rt.model_id}{query}", "DELETE")
+        assert r.status_code == 409, r.text
+        assert error_of(r)["code"] == "conflict"
+    assert (rt.model_dir / "config.json").is_file()
+    assert rt.server.fetch(f"/api/models/{rt.model_id}").status_code == 200
+    assert rt.status()["state"] == "starting"
+
+    assert rt.stop().status_code == 200
+    assert switching.result(timeout=10).status_code == 409
+
+
+# ---------------------------------------------------------------------------------------------- failed starts
+
+
+@pytest.mark.parametrize("mode", ["closed", "503"])
+def test_start_that_never_becomes_healthy_times_out_with_its_last_lines(
+    runtime: Callable[..., Runtime], mode: str
+) -> None:
+    rt = runtime(never_healthy=mode, spawn_children=2)
+    expected = "still loading" if mode == "closed" else "Uvicorn running on"
+
+    began = time.monotonic()
+    r = rt.switch(start_timeout_s=2)
+    took = time.monotonic() - began
+
+    assert r.status_code >= 500, r.text
+    error = error_of(r)
+    assert any(expected in line for line in error["last_lines"]), error
+    assert 2 <= took < 8, took
+    status = rt.status()
+    assert status["state"] == "failed"
+    assert any(expected in line for line in status["last_lines"]), status
+    assert status["pgid"]
+    assert not group_alive(status["pgid"]), group_members(status["pgid"])
+
+
+def test_engine_failure_reports_exit_code_and_leaks_nothing_on_retry(runtime: Callable[..., Runtime]) -> None:
+    rt = runtime(fail_on_start=1, spawn_children=2)
+    seen = []
+    for _attempt in range(2):
+        r = rt.switch(start_timeout_s=30)
+        assert r.status_code >= 500, r.text
+        assert any(ENGINE_FAILURE in line for line in error_of(r)["last_lines"]), r.text
+        status = rt.status()
+        assert status["state"] == "failed"
+        assert status["exit_code"] == 1
+        assert any(ENGINE_FAILURE in line for line in status["last_lines"]), status
+        assert status["pgid"] not in seen
+        seen.append(status["pgid"])
+        assert not group_alive(status["pgid"]), group_members(status["pgid"])
+
+        stopped = rt.stop()
+        assert stopped.status_code == 200, stopped.text
+        assert stopped.json()["state"] in ("stopped", "failed")
+        assert rt.status()["state"] in ("stopped", "failed")
+    assert not any(group_alive(pgid) for pgid in seen)
+
+
+@pytest.mark.parametrize("fill", ["x", "é"])
+def test_huge_log_lines_are_cut_and_the_newest_kept(runtime: Callable[..., Runtime], fill: str) -> None:
+    # 80 lines of 1 MiB: 80 cut lines of 64 KiB overflow the 4 MiB buffer, so the oldest must go.
+    rt = runtime(line_bytes=1024 * 1024, lines=80, line_fill=fill, fail_on_start=3)
+
+    r = rt.switch(start_timeout_s=30)
+
+    assert r.status_code >= 500, r.text[:2000]
+    assert error_of(r)["last_lines"][-1].startswith(ENGINE_FAILURE)
+    lines = rt.logs()
+    sizes = [len(line.encode()) for line in lines]
+    assert max(sizes) <= LINE_MAX
+    assert sum(size + 1 for size in sizes) <= TOTAL_MAX
+    assert all("\ufffd" not in line for line in lines)
+    assert not any(line.startswith("fake line 000000 ") for line in lines)  # the oldest were dropped
+    marker = [line for line in lines if line.startswith("fake line 000079 FAKE_VLLM_LAST_LINE ")]
+    assert len(marker) == 1 and len(marker[0].encode()) > LINE_MAX - 4
+    assert lines[-1].startswith(ENGINE_FAILURE)
+    if fill == "é":
+        assert any(line.startswith("fake line 000078 éé") for line in lines)
+    status = rt.status()
+    assert status["state"] == "failed"
+    assert status["exit_code"] == 3
+    assert status["last_lines"][-1].startswith(ENGINE_FAILURE)
+    assert not group_alive(status["pgid"])
