@@ -255,3 +255,27 @@ def test_sigterm_stops_the_runtime_with_the_server(tmp_path: Path) -> None:
     status = server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id}).json()
     assert server.stop() == 0
     eventually(lambda: group_alive(status["pgid"]) == [], timeout=5)
+
+
+def test_the_gateway_upstream_follows_the_runtime_port(runtime_server: Any) -> None:
+    assert (
+        runtime_server.fetch("/api/runtime").json()["upstream"]
+        == f"http://127.0.0.1:{runtime_server.runtime_port}"
+    )
+    model_id = register_local(runtime_server, "alpha")
+    other = free_port()
+    status = runtime_server.fetch(
+        "/api/runtime/switch", "POST", json={"model_id": model_id, "options": {"port": other}}
+    ).json()
+    assert status["port"] == other
+    assert status["upstream"] == f"http://127.0.0.1:{other}"
+
+
+def test_an_explicit_upstream_wins(tmp_path: Path) -> None:
+    server = start_server(
+        tmp_path / "data", "--vllm-bin", str(FAKE_VLLM), "--upstream", "http://localhost:9999"
+    )
+    try:
+        assert server.fetch("/api/runtime").json()["upstream"] == "http://localhost:9999"
+    finally:
+        server.stop()

@@ -54,10 +54,15 @@ class Status(Result):
     exit_code: int | None
     error: str | None
     last_lines: list[str]
+    upstream: str = Field(description="where /v1 forwards: --upstream, else the runtime's port")
 
 
 class LogLines(Result):
     lines: list[str]
+
+
+def _with_upstream(call: Call, status: dict[str, Any]) -> dict[str, Any]:
+    return {**status, "upstream": call.app.upstream_origin()}
 
 
 def _bad(field: str, message: str) -> InvalidArguments:
@@ -101,7 +106,7 @@ def register(registry: Registry) -> None:
         READ,
     )
     async def status(call: Call, args: NoArgs) -> dict[str, Any]:
-        return call.app.runtime.status()
+        return _with_upstream(call, call.app.runtime.status())
 
     @registry.method("runtime.logs", "vLLM's output (bounded, newest last).", LogsArgs, LogLines, READ)
     async def logs(call: Call, args: LogsArgs) -> dict[str, Any]:
@@ -128,7 +133,7 @@ def register(registry: Registry) -> None:
             path = Path(options.model) if os.path.isabs(options.model) else None
             real = Path(os.path.realpath(path)) if path is not None else None
             runtime.spawn(options.model, options, active_model_id=None, model_path=real)
-        return await runtime.wait_ready()
+        return _with_upstream(call, await runtime.wait_ready())
 
     @registry.method(
         "runtime.switch",
@@ -150,7 +155,7 @@ def register(registry: Registry) -> None:
             await runtime.stop()
             record, path = await _switch_target(call, args.model_id)  # re-checked just before spawn
             runtime.spawn(str(path), options, active_model_id=record.id, model_path=path)
-        return await runtime.wait_ready()
+        return _with_upstream(call, await runtime.wait_ready())
 
     @registry.method(
         "runtime.restart",
@@ -175,7 +180,7 @@ def register(registry: Registry) -> None:
                 _, model_path = await _switch_target(call, active)
             await runtime.stop()
             runtime.spawn(model, options, active_model_id=active, model_path=model_path)
-        return await runtime.wait_ready()
+        return _with_upstream(call, await runtime.wait_ready())
 
     @registry.method(
         "runtime.stop",
@@ -186,4 +191,4 @@ def register(registry: Registry) -> None:
     )
     async def stop(call: Call, args: NoArgs) -> dict[str, Any]:
         async with call.app.lifecycle.lock:
-            return await call.app.runtime.stop()
+            return _with_upstream(call, await call.app.runtime.stop())
