@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,8 +27,6 @@ from tests.conftest import eventually, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = str(REPO / "tools" / "fake_vllm.py")
-
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process groups and /proc are Linux's")
 
 
 @dataclass

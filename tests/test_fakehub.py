@@ -29,8 +29,6 @@ MiB = 1024 * 1024
 CHUNK = 10 * MiB  # huggingface_hub's DOWNLOAD_CHUNK_SIZE: the unit in which bytes reach the disk
 REPO = "org/tiny"
 
-pytestmark = pytest.mark.skipif(not Path(HF).exists(), reason="the hf CLI is not installed in this venv")
-
 
 @pytest.fixture
 def hub() -> Iterator[FakeHub]:

@@ -21,7 +21,6 @@ import asyncio
 import logging
 import os
 import signal
-import subprocess
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,11 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tornado.iostream import StreamClosedError
 from tornado.process import Subprocess
 
-from vllm_use import fsafety, model_store, models
-from vllm_use.children import die_with_parent
+from vllm_use import children, fsafety, model_store, models
 from vllm_use.config import Config, child_env
 from vllm_use.downloads import tasks
 from vllm_use.errors import Conflict, InvalidArguments, NotFound
@@ -310,11 +307,10 @@ class DownloadManager:
         await self._emit_task(task_id)
         poller = asyncio.ensure_future(self._poll(task_id, record, running, progress, token))
         try:
-            await _drain(proc, buffer)
+            await children.drain(proc, buffer)
             code = await asyncio.shield(running.exited)
         finally:
             poller.cancel()
-        buffer.close()
         await self._complete(task_id, record, running, progress, buffer, code)
 
     def _spawn(self, record: tasks.TaskRecord, target: Path, token: str | None) -> Subprocess:
@@ -335,16 +331,7 @@ class DownloadManager:
         else:
             extra["HF_HUB_DISABLE_IMPLICIT_TOKEN"] = "1"  # noqa: S105 - a switch, not a secret
         log.info("download %s: starting hf for %s@%s", record.id, record.repository, record.revision)
-        return Subprocess(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=Subprocess.STREAM,
-            stderr=subprocess.STDOUT,
-            env=child_env(extra),
-            start_new_session=True,
-            close_fds=True,
-            preexec_fn=die_with_parent,  # a single prctl call (children.py)
-        )
+        return children.spawn(argv, child_env(extra), parent_death=True)
 
     async def _poll(
         self, task_id: str, record: tasks.TaskRecord, running: Running, progress: Progress, token: str | None
@@ -460,30 +447,13 @@ class DownloadManager:
     async def _stop_child(self, running: Running) -> None:
         """SIGTERM to the child's group, SIGKILL after the grace period. Runs on the IOLoop."""
         pid = running.proc.pid
-        _signal_group(pid, signal.SIGTERM)
+        children.signal_group(pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(asyncio.shield(running.exited), TERM_GRACE_S)
         except TimeoutError:
             log.warning("hf child %d ignored SIGTERM; killing its process group", pid)
         # The group may hold more than the main pid (helpers it started): kill whatever is left.
-        _signal_group(pid, signal.SIGKILL)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-async def _drain(proc: Subprocess, buffer: LogBuffer) -> None:
-    assert proc.stdout is not None
-    while True:
-        try:
-            chunk = await proc.stdout.read_bytes(65536, partial=True)
-        except StreamClosedError:
-            return
-        buffer.feed(chunk)
+        children.signal_group(pid, signal.SIGKILL)
 
 
 # --- filesystem and hub work: these run in an executor ---------------------------------------

@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 from tornado.process import Subprocess
 
+from vllm_use import children
 from vllm_use.config import Config, child_env
 from vllm_use.errors import Conflict, ExternalError
 from vllm_use.logbuffer import LogBuffer
@@ -162,15 +162,7 @@ class Supervisor:
         self.logs = LogBuffer()
         self.exit_code, self.error, self.last_lines = None, None, []
         try:
-            proc = Subprocess(
-                shim,
-                stdin=subprocess.DEVNULL,
-                stdout=Subprocess.STREAM,
-                stderr=subprocess.STDOUT,
-                env=child_env(extra),
-                start_new_session=True,
-                close_fds=True,
-            )
+            proc = children.spawn(shim, child_env(extra), parent_death=False)  # the shim handles it
         except OSError as exc:
             shutil.rmtree(scratch, ignore_errors=True)
             raise ExternalError(f"cannot start the runtime: {exc.strerror}") from None
@@ -246,7 +238,7 @@ class Supervisor:
 
     async def _terminate(self, child: Child, *, grace_s: float) -> None:
         if grace_s > 0:
-            _signal(child.pgid, signal.SIGTERM)
+            children.signal_group(child.pgid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(child.exited), grace_s)
             except TimeoutError:
@@ -257,7 +249,7 @@ class Supervisor:
         """SIGKILL what is left of the group and wait (bounded) until /proc shows none of it."""
         deadline = time.monotonic() + REAP_CAP_S
         while True:
-            _signal(child.pgid, signal.SIGKILL)
+            children.signal_group(child.pgid, signal.SIGKILL)
             left = await asyncio.get_running_loop().run_in_executor(None, group_members, child.pgid)
             if not left and child.exited.done():
                 break
@@ -278,14 +270,7 @@ class Supervisor:
     # --- background ----------------------------------------------------------------------------
 
     async def _drain(self, child: Child) -> None:
-        assert child.proc.stdout is not None
-        while True:
-            try:
-                chunk = await child.proc.stdout.read_bytes(65536, partial=True)
-            except StreamClosedError:
-                break
-            self.logs.feed(chunk)
-        self.logs.close()
+        await children.drain(child.proc, self.logs)
         child.drained.set_result(None)
 
     async def _watch(self, child: Child) -> None:
@@ -318,13 +303,6 @@ class Supervisor:
     async def shutdown(self) -> None:
         if self.child is not None and self.state in ("starting", "ready", "stopping"):
             await self.stop()
-
-
-def _signal(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _iso(seconds: float) -> str:
