@@ -19,7 +19,7 @@ import tornado.httpserver
 import tornado.web
 from tornado.ioloop import PeriodicCallback
 
-from handlers import api, events, mcp, static
+from handlers import api, events, gateway, mcp, static
 from handlers.base import NotFoundJson
 from vllm_use import fsafety
 from vllm_use.abilities import build_registry
@@ -29,6 +29,9 @@ from vllm_use.context import AppContext
 from vllm_use.downloads.manager import DownloadManager
 from vllm_use.errors import ConfigError
 from vllm_use.executor import Executor
+from vllm_use.gateway.audit import AuditWriter
+from vllm_use.gateway.proxy import new_client
+from vllm_use.gateway.streams import StreamRegistry
 from vllm_use.recovery import recover
 from vllm_use.runtime.supervisor import Supervisor
 from vllm_use.storage import Database
@@ -78,6 +81,9 @@ def build_context(config: Config) -> AppContext:
         registry=build_registry(),
         downloads=downloads,
         runtime=Supervisor(config),
+        audit=AuditWriter(db, config.max_audit_records),
+        gateway_client=new_client(),
+        streams=StreamRegistry(),
     )
     app.lifecycle.add_running_check(app.runtime.is_running)
     return app
@@ -90,6 +96,7 @@ def make_app(app: AppContext) -> tornado.web.Application:
     handlers += events.default_handlers(common)  # before /api/downloads/{id}
     handlers += api.default_handlers(common)
     handlers += mcp.default_handlers(common)
+    handlers += gateway.default_handlers(common)
     # /api, /mcp and /v1 never fall back to the console.
     handlers += [(r"/(?:api|v1)(?:/.*)?", NotFoundJson, common), (r"/mcp/.+", NotFoundJson, common)]
     handlers += static.default_handlers()
@@ -110,9 +117,12 @@ async def run(app: AppContext) -> int:
         loop.add_signal_handler(sig, stop.set)
     flusher = PeriodicCallback(app.auth.flush_last_used, FLUSH_S * 1000)
     flusher.start()
+    app.audit.start()
+    app.streams.start_gc()
     await stop.wait()
     log.info("shutting down")
     app.stopping.set()  # event streams end
+    app.streams.close()  # attached generations stop
     flusher.stop()
     server.stop()
     persisted = await app.downloads.shutdown()
@@ -130,7 +140,7 @@ async def run(app: AppContext) -> int:
 
 
 def shutdown(app: AppContext) -> int:
-    status = 0
+    status = 0 if app.audit.flush_sync() else 1
     try:
         app.auth.flush_last_used_sync()
     except Exception:

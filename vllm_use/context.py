@@ -14,6 +14,9 @@ from vllm_use.scopes import Identity, Surface
 if TYPE_CHECKING:
     from vllm_use.auth import Authenticator
     from vllm_use.downloads.manager import DownloadManager
+    from vllm_use.gateway.audit import AuditWriter
+    from vllm_use.gateway.proxy import CancellableClient
+    from vllm_use.gateway.streams import StreamRegistry
     from vllm_use.registry import Registry
     from vllm_use.runtime.supervisor import Supervisor
     from vllm_use.storage import Database
@@ -29,6 +32,9 @@ class AppContext:
     registry: Registry
     downloads: DownloadManager
     runtime: Supervisor
+    audit: AuditWriter
+    gateway_client: CancellableClient
+    streams: StreamRegistry
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)

@@ -1,0 +1,380 @@
+"""The inference gateway `/v1/*` (S5): authenticated, streaming, cancellable, audited.
+
+Per request: auth (one Bearer key with `inference`; on `/v1/messages*` one
+`X-API-Key` instead) before the body is read → the body, capped at 16 MiB
+whatever its Content-Type → the `model` alias rewritten in place → the upstream
+request (no environment proxy, no redirects, client credentials dropped, our
+upstream key injected) → status and headers relayed with cache headers replaced
+→ each chunk written and flushed as it arrives (backpressure: the next upstream
+read waits for our flush). A client that goes away aborts the upstream request
+at once, unless the request is attached to a resumable stream (X-Conversation-Id).
+Errors use the OpenAI shape, or the Anthropic shape on `/v1/messages*`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import tornado.web
+from tornado.httpclient import HTTPRequest
+from tornado.iostream import StreamClosedError
+
+from handlers.base import JsonHandler
+from vllm_use.auth import parse_bearer
+from vllm_use.errors import (
+    InvalidArguments,
+    NotFound,
+    PayloadTooLarge,
+    Unauthenticated,
+    UpstreamUnavailable,
+    VllmUseError,
+)
+from vllm_use.gateway import streams
+from vllm_use.gateway.aliases import rewrite_model
+from vllm_use.gateway.audit import new_audit_id, request_id_or
+from vllm_use.gateway.proxy import RESPONSE_DROP, CancellableClient, forward_headers, parse_header_lines
+from vllm_use.gateway.streams import StreamSession
+from vllm_use.scopes import Identity, Surface
+
+log = logging.getLogger(__name__)
+
+BODY_LIMIT = 16 * 1024 * 1024
+POST_PATHS = (
+    "chat/completions",
+    "completions",
+    "responses",
+    "embeddings",
+    "messages",
+    "messages/count_tokens",
+)
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    502: "api_error",
+    500: "api_error",
+    400: "invalid_request_error",
+}
+
+
+class _ClientGone(Exception):
+    """Raised in the streaming callback to stop reading from the upstream."""
+
+
+@tornado.web.stream_request_body
+class GatewayHandler(JsonHandler):
+    surface = Surface.GATEWAY
+    body_limit = BODY_LIMIT
+
+    def initialize(self, **kwargs: Any) -> None:  # type: ignore[override]
+        super().initialize(**kwargs)
+        self.started = time.perf_counter()
+        self.audit_id = new_audit_id()
+        self.request_id = request_id_or(self.request.headers.get("X-Request-ID"), self.audit_id)
+        self.model_sent: str | None = None
+        self.streamed = False
+        self._upstream: HTTPRequest | None = None
+        self._header_lines: list[str] = []
+        self._headers_sent = False
+        self._client_gone = False
+        self.session: StreamSession | None = None
+
+    @property
+    def anthropic(self) -> bool:
+        return self.request.path.startswith("/v1/messages")
+
+    def set_default_headers(self) -> None:
+        super().set_default_headers()
+        self.set_header("X-Request-ID", getattr(self, "request_id", ""))
+
+    # --- before the body ---------------------------------------------------------------------
+
+    def check_body_size(self) -> None:
+        declared = self.request.headers.get("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > BODY_LIMIT:
+            raise PayloadTooLarge(f"request body is larger than {BODY_LIMIT} bytes", limit=BODY_LIMIT)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._too_large or self._discard:
+            return
+        self._size += len(chunk)
+        if self._size > BODY_LIMIT:
+            self._too_large = True
+            self._chunks.clear()
+            return
+        self._chunks.append(chunk)
+
+    @property
+    def body(self) -> bytes:
+        if self._too_large:
+            raise PayloadTooLarge(f"request body is larger than {BODY_LIMIT} bytes", limit=BODY_LIMIT)
+        return b"".join(self._chunks)
+
+    async def authenticate(self) -> Identity:
+        bearer = self.request.headers.get_list("Authorization")
+        api_key = self.request.headers.get_list("X-API-Key")
+        if bearer and api_key:
+            raise Unauthenticated("send either Authorization: Bearer or X-API-Key, not both")
+        if api_key:
+            if not self.anthropic or len(api_key) != 1:
+                raise Unauthenticated("X-API-Key is accepted once, on /v1/messages only")
+            token = parse_bearer([f"Bearer {api_key[0]}"])
+        else:
+            token = parse_bearer(bearer)
+        identity = await self.app.auth.authenticate(token)
+        if not identity.valid_on(Surface.GATEWAY):
+            raise Unauthenticated("this credential is not an inference key")
+        return identity
+
+    # --- errors --------------------------------------------------------------------------------
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = exc.message if isinstance(exc, VllmUseError) else (self._reason or "error")
+        if isinstance(exc, Unauthenticated):
+            self.set_header("WWW-Authenticate", 'Bearer realm="vllm-use"')
+        if status_code == 405:
+            self.set_header("Allow", "POST" if self.request.path != "/v1/models" else "GET")
+        if self.anthropic:
+            kind = _ANTHROPIC_TYPES.get(status_code, "api_error")
+            payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+        else:
+            code = exc.code if isinstance(exc, VllmUseError) else "error"
+            kind = "invalid_request_error" if status_code < 500 else "api_error"
+            payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+        self.finish(json.dumps(payload))
+
+    # --- the exchange ------------------------------------------------------------------------
+
+    async def post(self, path: str) -> None:
+        if path == "models":
+            raise tornado.web.HTTPError(405)
+        try:
+            raw = self.body
+        except PayloadTooLarge as exc:
+            self.fail(exc)  # nothing was sent upstream
+            return
+        body, self.model_sent = rewrite_model(raw, self.app.config.model_aliases)
+        try:
+            self.streamed = bool(json.loads(body).get("stream")) if body else False
+        except (ValueError, AttributeError):
+            self.streamed = False
+        conversation = self.request.headers.get_list(streams.HEADER)
+        if conversation and path == "chat/completions":
+            try:
+                if len(conversation) != 1:
+                    raise streams.StreamArgumentError(
+                        "send one X-Conversation-Id header", loc=["X-Conversation-Id"]
+                    )
+                conv_id, model = streams.parse_conversation_id(conversation[0])
+                assert self.identity is not None and self.identity.key_id is not None
+                self.session = self.app.streams.create(conv_id, self.identity.key_id, model)
+            except VllmUseError as exc:
+                self.fail(exc)
+                return
+        try:
+            await self._relay("POST", body)
+        finally:
+            if self.session is not None:
+                self.session.finish()
+
+    async def get(self, path: str) -> None:
+        if path != "models":
+            raise tornado.web.HTTPError(405)
+        await self._relay("GET", None, rewrite=self._with_aliases)
+
+    def _with_aliases(self, payload: bytes) -> bytes:
+        """`/v1/models` lists the aliases too, next to the upstream's own names."""
+        try:
+            listing = json.loads(payload)
+            names = {m.get("id") for m in listing.get("data", [])}
+        except (ValueError, AttributeError):
+            return payload
+        for alias, target in self.app.config.model_aliases.items():
+            if target in names and alias not in names:
+                listing["data"].append(
+                    {"id": alias, "object": "model", "owned_by": "vllm-use", "root": target}
+                )
+        return json.dumps(listing).encode()
+
+    async def _relay(self, method: str, body: bytes | None, rewrite: Any = None) -> None:
+        config = self.app.config
+        url = self.app.upstream_origin() + self.request.uri
+        buffered: list[bytes] | None = [] if rewrite else None
+        request = HTTPRequest(
+            url,
+            method=method,
+            body=body,
+            headers=forward_headers(
+                list(self.request.headers.get_all()), config.upstream_api_key, self.request_id
+            ),
+            follow_redirects=False,
+            decompress_response=False,
+            connect_timeout=10,
+            request_timeout=24 * 3600,
+            header_callback=self._header_line,
+            streaming_callback=(lambda chunk: buffered.append(chunk))
+            if buffered is not None
+            else self._chunk,
+            allow_nonstandard_methods=True,
+        )
+        self._upstream = request
+        if self.session is not None:
+            self.session.set_canceller(lambda: CancellableClient.cancel(request))
+        try:
+            await self.app.gateway_client.fetch(request, raise_error=False)
+        except _ClientGone:
+            return
+        except (OSError, StreamClosedError) as exc:
+            if self._client_gone:
+                return
+            if not self._headers_sent:
+                self.fail(
+                    UpstreamUnavailable(f"the upstream {self.app.upstream_origin()} is not answering ({exc})")
+                )
+                return
+            log.warning("upstream connection broke mid-response: %s", exc)
+        if self._client_gone:
+            return
+        if not self._headers_sent:
+            self._send_headers()
+        if buffered is not None:
+            self.write(rewrite(b"".join(buffered)))
+        self.finish()
+
+    def _header_line(self, line: str) -> None:
+        if line.startswith("HTTP/"):
+            self._header_lines = [line]
+        else:
+            self._header_lines.append(line)
+
+    def _send_headers(self) -> None:
+        code, reason, headers = parse_header_lines(self._header_lines)
+        self.set_status(code, reason or None)
+        self.clear_header("Content-Type")  # the upstream's, not our JSON default
+        for name, value in headers:
+            if name.lower() not in RESPONSE_DROP and name.lower() != "x-request-id":
+                self.add_header(name, value)
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("Pragma", "no-cache")
+        self.set_header("X-Accel-Buffering", "no")
+        self._headers_sent = True
+
+    def _chunk(self, chunk: bytes) -> Any:
+        if self.session is not None:
+            self.session.append(chunk)  # attached: generation goes on without the client
+            if self._client_gone:
+                return None
+        if self._client_gone:
+            raise _ClientGone()
+        if not self._headers_sent:
+            self._send_headers()
+        self.write(chunk)
+        return self.flush()  # the next upstream read waits for this: no unbounded buffering
+
+    def on_connection_close(self) -> None:
+        self._client_gone = True
+        if self._upstream is not None and self.session is None:
+            CancellableClient.cancel(self._upstream)
+
+    def on_finish(self) -> None:
+        key_id = self.identity.key_id if self.identity else None
+        self.app.audit.record(
+            audit_id=self.audit_id,
+            request_id=self.request_id,
+            key_id=key_id,
+            method=self.request.method or "",
+            path=self.request.path,
+            model=self.model_sent,
+            status=499 if self._client_gone else self.get_status(),
+            duration_ms=(time.perf_counter() - self.started) * 1000,
+            stream=self.streamed,
+        )
+
+
+@tornado.web.stream_request_body
+class StreamHandler(GatewayHandler):
+    """`GET /v1/stream?conv_id=&from=` (replay then follow), `DELETE /v1/stream?conv_id=` (stop),
+    `POST /v1/streams/lookup {"conversation_ids": [...]}` (S5.1). Sessions belong to their key."""
+
+    def _session_id(self) -> str:
+        raw = self.get_query_argument("conv_id", None)
+        if raw is None:
+            raise streams.StreamArgumentError("conv_id is required", loc=["conv_id"])
+        return streams.parse_conversation_id(raw)[0]
+
+    async def get(self, path: str) -> None:
+        if path != "stream":
+            raise tornado.web.HTTPError(405)
+        try:
+            conv_id = self._session_id()
+            raw_from = self.get_query_argument("from", "0")
+            if not raw_from.isdigit() or len(raw_from) > 18:
+                raise streams.StreamArgumentError("from must be a byte offset", loc=["from"])
+            assert self.identity is not None and self.identity.key_id is not None
+            session = self.app.streams.get(conv_id, self.identity.key_id)
+            if session is None:
+                raise NotFound(f"no stream for conversation {conv_id}")
+            reader = session.read_from(int(raw_from))
+        except VllmUseError as exc:
+            self.fail(exc)
+            return
+        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.set_header("X-Accel-Buffering", "no")
+        self.streamed = True
+        try:
+            async for chunk in reader:
+                if self._client_gone:
+                    break
+                self.write(chunk)
+                await self.flush()
+        except (StreamClosedError, streams.OffsetGone):
+            return
+        if not self._client_gone:
+            self.finish()
+
+    async def delete(self, path: str) -> None:
+        if path != "stream":
+            raise tornado.web.HTTPError(405)
+        try:
+            conv_id = self._session_id()
+        except VllmUseError as exc:
+            self.fail(exc)
+            return
+        assert self.identity is not None and self.identity.key_id is not None
+        self.app.streams.delete(conv_id, self.identity.key_id)
+        self.set_status(204)
+        self.clear_header("Content-Type")
+        self.finish()
+
+    async def post(self, path: str) -> None:
+        if path != "streams/lookup":
+            raise tornado.web.HTTPError(405)
+        try:
+            payload = json.loads(self.body)
+            ids = payload.get("conversation_ids") if isinstance(payload, dict) else None
+            if not isinstance(ids, list) or len(ids) > 1000 or not all(isinstance(i, str) for i in ids):
+                raise streams.StreamArgumentError(
+                    "conversation_ids must be a list of at most 1000 strings", loc=["conversation_ids"]
+                )
+            parsed = [streams.parse_conversation_id(i)[0] for i in ids]
+        except ValueError as exc:
+            self.fail(exc if isinstance(exc, VllmUseError) else InvalidArguments(f"invalid JSON: {exc}"))
+            return
+        except VllmUseError as exc:
+            self.fail(exc)
+            return
+        assert self.identity is not None and self.identity.key_id is not None
+        self.write_json({"sessions": self.app.streams.lookup(parsed, self.identity.key_id)})
+
+
+def default_handlers(common: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
+    paths = "|".join(p.replace("/", r"\/") for p in (*POST_PATHS, "models"))
+    return [
+        (r"/v1/(stream|streams\/lookup)", StreamHandler, common),
+        (rf"/v1/({paths})", GatewayHandler, common),
+    ]

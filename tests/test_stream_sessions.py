@@ -1,0 +1,451 @@
+"""Stream sessions and their registry (S5.1, S5.2): a 4 MiB buffer of the raw SSE bytes addressed by
+absolute offsets, readers that replay then follow without spinning, ownership by API key, one live
+session per conversation id, TTL gc and a bounded number of sessions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from vllm_use.gateway import streams
+from vllm_use.gateway.streams import (
+    BUFFER_BYTES,
+    GC_INTERVAL_S,
+    READ_CHUNK_BYTES,
+    TTL_S,
+    OffsetGone,
+    StreamArgumentError,
+    StreamRegistry,
+    StreamSession,
+    TooManySessions,
+    parse_conversation_id,
+)
+
+MiB = 1024 * 1024
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    async def main() -> Any:
+        return await asyncio.wait_for(coro, 10)
+
+    return asyncio.run(main())
+
+
+async def collect(session: StreamSession, offset: int) -> bytes:
+    return b"".join([chunk async for chunk in session.read_from(offset)])
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 2.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition never became true"
+        await asyncio.sleep(0.005)
+
+
+class Canceller:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+
+
+def test_constants_match_the_spec() -> None:
+    assert (BUFFER_BYTES, TTL_S, GC_INTERVAL_S, streams.MAX_SESSIONS) == (4 * MiB, 300, 60, 10000)
+
+
+# --- parse_conversation_id ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("abc", ("abc", None)),
+        ("a::m", ("a", "m")),
+        ("x" * 128, ("x" * 128, None)),
+        ("conv-1::org/Model-7B", ("conv-1", "org/Model-7B")),
+        ("c::qwen:7b", ("c", "qwen:7b")),
+        ("c::" + "m" * 256, ("c", "m" * 256)),
+        ("!~", ("!~", None)),
+    ],
+)
+def test_conversation_id_accepts(header: str, expected: tuple[str, str | None]) -> None:
+    assert parse_conversation_id(header) == expected
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "",
+        "x" * 129,
+        "a:b",
+        "a:",
+        ":a",
+        "::m",
+        "a::",
+        "a::" + "m" * 257,
+        "a b",
+        "a\x00b",
+        "a\tb",
+        "a\x7f",
+        "a::m\nX-Injected: 1",
+        "caf\u00e9",
+        "a::mod\u00e8le",
+    ],
+)
+def test_conversation_id_refuses(header: str) -> None:
+    with pytest.raises(ValueError, match="X-Conversation-Id"):
+        parse_conversation_id(header)
+    with pytest.raises(StreamArgumentError):  # the same error, mapped to 400 by the handlers
+        parse_conversation_id(header)
+
+
+# --- StreamSession --------------------------------------------------------------------------------------
+
+
+def test_replay_from_zero_returns_everything_appended() -> None:
+    async def main() -> None:
+        session = StreamSession("c", "key", None)
+        parts = [b'data: {"a": 1}\n\n', b"data: ", b'{"b": 2}\n\n', b"data: [DONE]\n\n"]
+        for part in parts:
+            session.append(part)
+        session.finish()
+        assert await collect(session, 0) == b"".join(parts)
+        assert await collect(session, 6) == b"".join(parts)[6:]
+        assert await collect(session, session.total_bytes) == b""
+
+    run(main())
+
+
+def test_live_reader_gets_bytes_in_order_and_ends_at_finish() -> None:
+    async def main() -> None:
+        session = StreamSession("c", "key", "m")
+        session.append(b"early;")
+        received: list[bytes] = []
+
+        async def reader() -> None:
+            async for chunk in session.read_from(0):
+                received.append(chunk)
+
+        task = asyncio.create_task(reader())
+        await eventually(lambda: b"".join(received) == b"early;")
+        for i in range(20):
+            session.append(b"tok%d;" % i)
+            if i % 3 == 0:
+                await asyncio.sleep(0)
+        await eventually(lambda: b"".join(received).endswith(b"tok19;"))
+        assert not task.done()  # still following: the generation has not ended
+        session.finish()
+        await asyncio.wait_for(task, 1)
+        assert b"".join(received) == b"early;" + b"".join(b"tok%d;" % i for i in range(20))
+
+    run(main())
+
+
+def test_several_readers_follow_the_same_stream() -> None:
+    async def main() -> None:
+        session = StreamSession("c", "key", None)
+        readers = [asyncio.create_task(collect(session, 0)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        for i in range(50):
+            session.append(b"%d," % i)
+            await asyncio.sleep(0)
+        session.finish()
+        expected = b"".join(b"%d," % i for i in range(50))
+        assert await asyncio.gather(*readers) == [expected] * 3
+
+    run(main())
+
+
+def test_buffer_keeps_exactly_4_mib() -> None:
+    async def main() -> None:
+        session = StreamSession("c", "key", None)
+        data = bytes(range(256)) * (BUFFER_BYTES // 256) + b"0123456789"
+        for start in range(0, len(data), 100_000):  # chunks that straddle the drop point
+            session.append(data[start : start + 100_000])
+        session.finish()
+        total = session.total_bytes
+        assert total == BUFFER_BYTES + 10
+        assert session.dropped_bytes == 10  # whole bytes from the front, even mid-chunk
+        edge = total - BUFFER_BYTES
+        assert await collect(session, edge) == data[edge:]
+        with pytest.raises(OffsetGone):
+            session.read_from(edge - 1)
+        with pytest.raises(OffsetGone):
+            session.read_from(0)
+        assert session.describe()["dropped_bytes"] == 10
+
+    run(main())
+
+
+def test_oversized_chunk_keeps_only_its_tail() -> None:
+    session = StreamSession("c", "key", None)
+    session.append(b"head")
+    session.append(b"x" * BUFFER_BYTES + b"tail")
+    assert session.total_bytes == BUFFER_BYTES + 8
+    assert session.dropped_bytes == 8
+    session.finish()
+    replay = run(collect(session, 8))
+    assert len(replay) == BUFFER_BYTES and replay.endswith(b"xtail")
+
+
+def test_replay_streams_out_in_bounded_chunks() -> None:
+    async def main() -> None:
+        session = StreamSession("c", "key", None)
+        session.append(b"z" * (3 * READ_CHUNK_BYTES + 5))
+        session.finish()
+        sizes = [len(chunk) async for chunk in session.read_from(0)]
+        assert sizes == [READ_CHUNK_BYTES] * 3 + [5]
+
+    run(main())
+
+
+@pytest.mark.parametrize("offset", [-1, 11, 10**12])
+def test_offset_outside_the_stream_is_refused(offset: int) -> None:
+    session = StreamSession("c", "key", None)
+    session.append(b"0123456789")
+    with pytest.raises(ValueError, match="from"):
+        session.read_from(offset)
+
+
+def test_reader_that_falls_behind_the_buffer_gets_offset_gone() -> None:
+    async def main() -> None:
+        session = StreamSession("c", "key", None)
+        session.append(b"a" * 100)
+        reader = session.read_from(0)
+        assert await reader.__anext__() == b"a" * 100
+        session.append(b"b" * (BUFFER_BYTES + 1))  # the reader has not come back yet
+        with pytest.raises(OffsetGone):
+            await reader.__anext__()
+
+    run(main())
+
+
+def test_reader_blocks_without_spinning() -> None:
+    async def main() -> None:
+        session = StreamSession("c", "key", None)
+        session.append(b"x")
+        waits = 0
+        real_wait = session._cond.wait
+
+        async def counting_wait() -> bool:
+            nonlocal waits
+            waits += 1
+            return await real_wait()
+
+        session._cond.wait = counting_wait  # type: ignore[method-assign]
+        received: list[bytes] = []
+
+        async def reader() -> None:
+            async for chunk in session.read_from(0):
+                received.append(chunk)
+
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(0.2)
+        assert received == [b"x"]
+        assert waits == 1  # one wait for the whole idle period: no polling loop
+        session.append(b"y")
+        await eventually(lambda: received == [b"x", b"y"])
+        assert waits == 2
+        session.finish()
+        await asyncio.wait_for(task, 1)
+        assert waits == 2
+
+    run(main())
+
+
+def test_cancel_calls_the_canceller_once_and_ends_readers() -> None:
+    async def main() -> None:
+        session = StreamSession("c", "key", None)
+        canceller = Canceller()
+        session.set_canceller(canceller)
+        session.append(b"partial")
+        reader = asyncio.create_task(collect(session, 0))
+        await asyncio.sleep(0.01)
+        session.cancel()
+        session.cancel()
+        assert canceller.calls == 1
+        assert session.is_done and session.is_cancelled and session.completed_at is not None
+        assert await asyncio.wait_for(reader, 1) == b"partial"
+        session.append(b"late bytes from the aborted upstream")
+        assert session.total_bytes == len(b"partial")
+
+    run(main())
+
+
+def test_canceller_registered_after_cancel_runs_at_once() -> None:
+    session = StreamSession("c", "key", None)
+    session.cancel()
+    canceller = Canceller()
+    session.set_canceller(canceller)
+    assert canceller.calls == 1
+
+
+def test_finished_session_does_not_call_its_canceller() -> None:
+    session = StreamSession("c", "key", None)
+    canceller = Canceller()
+    session.set_canceller(canceller)
+    session.finish()
+    session.cancel()
+    assert canceller.calls == 0 and not session.is_cancelled
+
+
+def test_failing_canceller_still_ends_the_session(caplog: pytest.LogCaptureFixture) -> None:
+    session = StreamSession("c", "key", None)
+
+    def boom() -> None:
+        raise RuntimeError("upstream already gone")
+
+    session.set_canceller(boom)
+    session.cancel()
+    assert session.is_done
+    assert "canceller" in caplog.text
+
+
+def test_describe_reports_state_with_iso_times() -> None:
+    session = StreamSession("conv", "key", "m")
+    session.started_at = 1_700_000_000_123
+    session.append(b"abc")
+    described = session.describe()
+    assert described == {
+        "conversation_id": "conv",
+        "is_done": False,
+        "total_bytes": 3,
+        "dropped_bytes": 0,
+        "started_at": "2023-11-14T22:13:20.123Z",
+        "completed_at": None,
+    }
+    session.finish()
+    assert session.describe()["is_done"] is True
+    assert session.describe()["completed_at"].endswith("Z")
+
+
+# --- StreamRegistry -------------------------------------------------------------------------------------
+
+
+def test_other_owner_gets_none_and_lookup_hides_it() -> None:
+    registry = StreamRegistry()
+    mine = registry.create("c1", "alice", None)
+    registry.create("c2", "alice", None)
+    assert registry.get("c1", "alice") is mine
+    assert registry.get("c1", "bob") is None
+    assert registry.get("unknown", "alice") is None
+    assert registry.lookup(["c1", "c2"], "bob") == []
+    assert [s["conversation_id"] for s in registry.lookup(["c2", "nope", "c1", "c2"], "alice")] == [
+        "c2",
+        "c1",
+    ]
+
+
+def test_other_owner_cannot_stop_or_replace_a_session() -> None:
+    registry = StreamRegistry()
+    canceller = Canceller()
+    registry.create("c", "alice", None).set_canceller(canceller)
+    registry.delete("c", "bob")
+    theirs = registry.create("c", "bob", None)
+    assert canceller.calls == 0
+    assert not registry.get("c", "alice").is_done  # type: ignore[union-attr]
+    assert registry.get("c", "bob") is theirs
+
+
+def test_create_replaces_and_cancels_the_old_session() -> None:
+    async def main() -> None:
+        registry = StreamRegistry()
+        old = registry.create("c", "alice", "m")
+        canceller = Canceller()
+        old.set_canceller(canceller)
+        old.append(b"old bytes")
+        reader = asyncio.create_task(collect(old, 0))
+        await asyncio.sleep(0.01)
+        new = registry.create("c", "alice", "m")
+        assert new is not old and registry.get("c", "alice") is new
+        assert canceller.calls == 1 and old.is_done
+        assert await asyncio.wait_for(reader, 1) == b"old bytes"
+        assert len(registry) == 1
+
+    run(main())
+
+
+def test_delete_is_idempotent_and_calls_the_canceller_once() -> None:
+    registry = StreamRegistry()
+    session = registry.create("c", "alice", None)
+    canceller = Canceller()
+    session.set_canceller(canceller)
+    registry.delete("c", "alice")
+    registry.delete("c", "alice")
+    registry.delete("unknown", "alice")
+    registry.delete("c", "bob")
+    assert canceller.calls == 1
+    assert session.is_done
+    assert registry.lookup(["c"], "alice")[0]["is_done"] is True  # kept for replay until gc
+
+
+def test_gc_drops_finished_sessions_after_ttl_and_keeps_live_ones() -> None:
+    registry = StreamRegistry()
+    live = registry.create("live", "alice", None)
+    done = registry.create("done", "alice", None)
+    done.finish()
+    assert done.completed_at is not None
+    assert registry.gc(now=done.completed_at + TTL_S * 1000) == 0
+    assert registry.get("done", "alice") is done
+    assert registry.gc(now=done.completed_at + TTL_S * 1000 + 1) == 1
+    assert registry.get("done", "alice") is None
+    assert registry.get("live", "alice") is live
+    assert registry.gc(now=live.started_at + 10 * TTL_S * 1000) == 0
+
+
+def test_gc_runs_periodically_once_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        monkeypatch.setattr(streams, "GC_INTERVAL_S", 0.01)
+        monkeypatch.setattr(streams, "TTL_S", 0)
+        registry = StreamRegistry()
+        registry.create("c", "alice", None).finish()
+        registry.start_gc()
+        registry.start_gc()
+        await eventually(lambda: len(registry) == 0)
+        registry.stop_gc()
+        registry.stop_gc()
+
+    run(main())
+
+
+def test_close_cancels_every_live_session_and_ends_readers() -> None:
+    async def main() -> None:
+        registry = StreamRegistry()
+        cancellers = [Canceller(), Canceller()]
+        sessions = [registry.create(f"c{i}", "alice", None) for i in range(2)]
+        for session, canceller in zip(sessions, cancellers, strict=True):
+            session.set_canceller(canceller)
+        readers = [asyncio.create_task(collect(s, 0)) for s in sessions]
+        registry.start_gc()
+        await asyncio.sleep(0.01)
+        registry.close()
+        assert await asyncio.wait_for(asyncio.gather(*readers), 1) == [b"", b""]
+        assert [c.calls for c in cancellers] == [1, 1]
+        assert len(registry) == 0
+
+    run(main())
+
+
+def test_full_registry_evicts_the_oldest_finished_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streams, "MAX_SESSIONS", 3)
+    registry = StreamRegistry()
+    a, b, _c = (registry.create(name, "alice", None) for name in "abc")
+    b.finish()
+    a.finish()
+    b.completed_at, a.completed_at = 1000, 2000  # b finished first
+    registry.create("d", "bob", None)
+    assert len(registry) == 3
+    assert registry.get("b", "alice") is None
+    assert registry.get("a", "alice") is a
+    registry.create("e", "bob", None)
+    assert registry.get("a", "alice") is None
+    with pytest.raises(TooManySessions):
+        registry.create("f", "bob", None)
+    assert len(registry) == 3
+    registry.create("c", "alice", None)  # replacing never needs room
+    assert len(registry) == 3

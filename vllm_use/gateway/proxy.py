@@ -1,0 +1,107 @@
+"""The upstream side of the gateway (S5): an HTTP client we can cancel, and header rules.
+
+`CancellableClient` is Tornado's simple client with one addition: each request
+records its connection, so `cancel(request)` closes the upstream socket at once
+(vLLM aborts the generation and frees the slot) instead of at the next chunk.
+No environment proxy is ever used (the simple client reads none) and redirects
+are never followed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tornado.httpclient import HTTPRequest
+from tornado.simple_httpclient import SimpleAsyncHTTPClient, _HTTPConnection
+
+# Hop-by-hop headers (RFC 9110 §7.6.1) and the ones the gateway owns.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+REQUEST_DROP = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "authorization",
+    "x-api-key",
+    "cookie",
+    "accept-encoding",
+    "x-conversation-id",
+    "origin",
+}
+RESPONSE_DROP = HOP_BY_HOP | {
+    "content-length",
+    "cache-control",
+    "pragma",
+    "expires",
+    "set-cookie",
+    "server",
+    "date",
+    "content-encoding",
+}
+
+
+class _TrackedConnection(_HTTPConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        request = args[1]
+        original = getattr(request, "request", request)
+        original._vu_connection = self  # type: ignore[attr-defined]
+        super().__init__(*args, **kwargs)
+
+
+class CancellableClient(SimpleAsyncHTTPClient):
+    def _connection_class(self) -> type:
+        return _TrackedConnection
+
+    @staticmethod
+    def cancel(request: HTTPRequest) -> None:
+        """Close the upstream connection of `request` now (no-op if it has none yet or is done)."""
+        connection = getattr(request, "_vu_connection", None)
+        stream = getattr(connection, "stream", None)
+        if stream is not None and not stream.closed():
+            stream.close()
+
+
+def new_client() -> CancellableClient:
+    # force_instance: our own pool and limits, not the loop-wide shared client.
+    return CancellableClient(force_instance=True, max_clients=1024, max_body_size=1 << 40)
+
+
+def forward_headers(
+    items: list[tuple[str, str]], upstream_key: str | None, request_id: str
+) -> dict[str, str]:
+    """Client headers → upstream headers: hop-by-hop and credentials dropped, our key injected."""
+    out: dict[str, str] = {}
+    for name, value in items:
+        if name.lower() not in REQUEST_DROP and not name.lower().startswith("x-forwarded"):
+            out[name] = value
+    if upstream_key:
+        out["Authorization"] = f"Bearer {upstream_key}"
+    out["X-Request-ID"] = request_id
+    out["Accept-Encoding"] = "identity"
+    return out
+
+
+def parse_header_lines(lines: list[str]) -> tuple[int, str, list[tuple[str, str]]]:
+    """The status code, reason and headers from the raw lines Tornado's header_callback gives."""
+    status_line = lines[0].strip()
+    parts = status_line.split(" ", 2)
+    code = int(parts[1])
+    reason = parts[2] if len(parts) > 2 else ""
+    headers = []
+    for line in lines[1:]:
+        line = line.rstrip("\r\n")
+        if not line or ":" not in line:
+            continue
+        name, _, value = line.partition(":")
+        headers.append((name.strip(), value.strip()))
+    return code, reason, headers
