@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import tornado.web
-from tornado.httpclient import HTTPRequest
+from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 
 from handlers.base import JsonHandler
@@ -82,6 +82,9 @@ class GatewayHandler(JsonHandler):
         self._headers_sent = False
         self._client_gone = False
         self.session: StreamSession | None = None
+        self._upstream_broke = False
+        # set_default_headers ran in __init__, before request_id existed (it runs again after clear()).
+        self.set_header("X-Request-ID", self.request_id)
 
     @property
     def anthropic(self) -> bool:
@@ -229,7 +232,9 @@ class GatewayHandler(JsonHandler):
             await self.app.gateway_client.fetch(request, raise_error=False)
         except _ClientGone:
             return
-        except (OSError, StreamClosedError) as exc:
+        except (OSError, StreamClosedError, HTTPClientError) as exc:
+            # An HTTPClientError here is a 599 (connection closed, timeout): with raise_error=False
+            # an upstream HTTP status arrives as a response, never as an exception.
             if self._client_gone:
                 return
             if not self._headers_sent:
@@ -237,7 +242,12 @@ class GatewayHandler(JsonHandler):
                     UpstreamUnavailable(f"the upstream {self.app.upstream_origin()} is not answering ({exc})")
                 )
                 return
+            # Part of the body is out: cut the client's connection too, so it sees an incomplete
+            # response, never a clean end of a truncated stream.
             log.warning("upstream connection broke mid-response: %s", exc)
+            self._upstream_broke = True
+            self.request.connection.close()
+            return
         if self._client_gone:
             return
         if not self._headers_sent:
@@ -277,6 +287,8 @@ class GatewayHandler(JsonHandler):
         return self.flush()  # the next upstream read waits for this: no unbounded buffering
 
     def on_connection_close(self) -> None:
+        if self._upstream_broke:
+            return  # we closed it
         self._client_gone = True
         if self._upstream is not None and self.session is None:
             CancellableClient.cancel(self._upstream)
@@ -290,7 +302,7 @@ class GatewayHandler(JsonHandler):
             method=self.request.method or "",
             path=self.request.path,
             model=self.model_sent,
-            status=499 if self._client_gone else self.get_status(),
+            status=502 if self._upstream_broke else 499 if self._client_gone else self.get_status(),
             duration_ms=(time.perf_counter() - self.started) * 1000,
             stream=self.streamed,
         )

@@ -80,9 +80,17 @@ def forward_headers(
     items: list[tuple[str, str]], upstream_key: str | None, request_id: str
 ) -> dict[str, str]:
     """Client headers → upstream headers: hop-by-hop and credentials dropped, our key injected."""
+    # RFC 9110 §7.6.1: the fields a client names in Connection are hop-by-hop too.
+    listed = {
+        token.strip().lower()
+        for name, value in items
+        if name.lower() == "connection"
+        for token in value.split(",")
+    }
     out: dict[str, str] = {}
     for name, value in items:
-        if name.lower() not in REQUEST_DROP and not name.lower().startswith("x-forwarded"):
+        lower = name.lower()
+        if lower not in REQUEST_DROP and lower not in listed and not lower.startswith("x-forwarded"):
             out[name] = value
     if upstream_key:
         out["Authorization"] = f"Bearer {upstream_key}"

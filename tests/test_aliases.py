@@ -1,0 +1,148 @@
+"""Model aliases (S5): only the top-level `model` value changes; every other byte is kept as sent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Server, start_server
+from tests.fakeupstream import FakeUpstream, running
+from vllm_use.gateway.aliases import rewrite_model
+
+ALIASES = {"fast": "tiny", "big": "llama-3-70b"}
+
+
+def test_big_integers_and_long_decimals_keep_their_exact_text() -> None:
+    body = b'{"seed": 12345678901234567890123, "model": "fast", "temperature": 0.1000000000000000055511151231257827}'
+    out, sent = rewrite_model(body, ALIASES)
+    assert out == body.replace(b'"fast"', b'"tiny"')
+    assert sent == "fast"
+
+
+def test_spacing_key_order_and_other_values_are_kept() -> None:
+    body = (
+        b' {\r\n\t"z" :1 ,\n  "model"\t:\t  "big"   ,"a":[ 1,2 , {"b" : null}],"t":true,"f":false,'
+        b'"e":-1.5E+10 }\n'
+    )
+    out, sent = rewrite_model(body, ALIASES)
+    assert out == body.replace(b'"big"', b'"llama-3-70b"')
+    assert sent == "big"
+
+
+def test_escapes_elsewhere_are_kept_byte_for_byte() -> None:
+    body = (
+        b'{"s":"a\\"b\\\\c\\/d\\u00e9\\ud83d\\ude00 \xc3\xa9","model":"fast",'
+        b'"nested":{"q":"}]\\"{["},"l":["\\u0022model\\u0022"]}'
+    )
+    out, sent = rewrite_model(body, ALIASES)
+    assert out == body.replace(b'"model":"fast"', b'"model":"tiny"')
+    assert sent == "fast"
+
+
+def test_an_escaped_key_or_value_is_read_as_a_json_parser_reads_it() -> None:
+    # "mod\u0065l" is the key "model" and "f\u0061st" the value "fast" for the upstream's parser.
+    out, sent = rewrite_model(b'{"mod\\u0065l": "f\\u0061st"}', ALIASES)
+    assert out == b'{"mod\\u0065l": "tiny"}'
+    assert sent == "fast"
+
+
+def test_nested_model_keys_are_untouched() -> None:
+    body = b'{"messages":[{"role":"user","model":"fast"}],"metadata":{"model":"fast"},"model":"fast"}'
+    out, _ = rewrite_model(body, ALIASES)
+    assert out == b'{"messages":[{"role":"user","model":"fast"}],"metadata":{"model":"fast"},"model":"tiny"}'
+
+
+def test_a_model_that_is_not_a_string_is_left_alone() -> None:
+    for body in (b'{"model":{"model":"fast"}}', b'{"model":["fast"]}', b'{"model":5}', b'{"model":null}'):
+        assert rewrite_model(body, ALIASES) == (body, None)
+
+
+def test_duplicate_model_keys_are_each_rewritten_and_the_last_is_what_was_sent() -> None:
+    out, sent = rewrite_model(b'{"model":"other","model":"fast"}', ALIASES)
+    assert (out, sent) == (b'{"model":"other","model":"tiny"}', "fast")
+    out, sent = rewrite_model(b'{"model":"fast", "x":1, "model":"other"}', ALIASES)
+    assert (out, sent) == (b'{"model":"tiny", "x":1, "model":"other"}', "other")
+
+
+def test_a_model_without_an_alias_is_unchanged_and_reported() -> None:
+    body = '{"model": "模型-7b", "prompt": "hi"}'.encode()
+    assert rewrite_model(body, ALIASES) == (body, "模型-7b")
+    assert rewrite_model(b'{"model":"fast"}', {}) == (b'{"model":"fast"}', "fast")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"[]",
+        b'[{"model":"fast"}]',
+        b'"fast"',
+        b"42",
+        b"null",
+        b"not json",
+        b'{"model":"fast"',
+        b'{"model":"fast"} trailing',
+        b'{"model":"fast",}',
+        b'{"model":"fast","x":"\xff"}',
+        '{"model":"fast"}'.encode("utf-16"),
+        b"{}",
+        b"{ }",
+    ],
+)
+def test_a_body_that_is_not_a_json_object_is_returned_unchanged(body: bytes) -> None:
+    assert rewrite_model(body, ALIASES) == (body, None)
+
+
+def test_rewriting_a_16_mib_prompt_does_not_walk_its_bytes_in_python() -> None:
+    # It runs on the IOLoop (S0): a 16 MiB body (S5.2) must cost what parsing it in C costs, not a
+    # Python loop per byte (which takes most of a second and stalls every other request).
+    body = (
+        b'{"model":"fast","messages":[{"role":"user","content":"' + b"x" * (16 * 1024 * 1024 - 64) + b'"}]}'
+    )
+    started = time.perf_counter()
+    out, sent = rewrite_model(body, ALIASES)
+    elapsed = time.perf_counter() - started
+    assert sent == "fast" and out[:20] == b'{"model":"tiny","mes'
+    assert elapsed < 0.3, f"rewrite_model took {elapsed:.2f} s"
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstream]:
+    yield from running()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, upstream: FakeUpstream) -> Iterator[Server]:
+    data = tmp_path_factory.mktemp("aliases") / "data"
+    srv = start_server(Path(data), "--upstream", upstream.url, "--model-aliases", "fast=tiny")
+    yield srv
+    srv.stop()
+
+
+def test_the_upstream_receives_the_exact_bytes_except_the_model(
+    gateway: Server, upstream: FakeUpstream
+) -> None:
+    _, secret = gateway.create_key("inference")
+    body = (
+        b'{ "messages" : [{"role":"user","content":"caf\\u00e9 \xe2\x82\xac \\"q\\"","model":"fast"}],\n'
+        b'\t"model":"fast", "seed":12345678901234567890123,"temperature":0.1000000000000000055511151231257827,'
+        b'"logit_bias":{"50256":-100}}'
+    )
+    r = gateway.fetch(
+        "/v1/chat/completions",
+        "POST",
+        token=secret,
+        content=body,
+        headers={"Content-Type": "application/json", "X-Request-ID": "alias-e2e"},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "tiny"
+    (received,) = upstream.received("alias-e2e")
+    assert received.body == body.replace(b'\t"model":"fast"', b'\t"model":"tiny"')
+    assert received.header("Content-Length") == str(len(received.body))
