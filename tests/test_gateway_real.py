@@ -1,0 +1,134 @@
+"""The gateway in front of the real CPU vLLM (tiny model): the official SDKs end to end.
+
+One vLLM start for the module (~20-60 s); chat, completions, responses and Anthropic messages,
+streamed and not. Embeddings are tested on the fake upstream only (a generative model has none).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Server, free_port, start_server
+from tests.vllm_fixtures import (  # noqa: F401 - fixtures
+    RealVllm,
+    fixture_real_vllm,
+    fixture_tiny_models,
+    vllm_child_env,
+)
+
+try:  # anthropic >= 2 is built on httpx2 and refuses httpx clients
+    import httpx2 as anthropic_httpx
+except ImportError:  # pragma: no cover - older anthropic SDKs
+    anthropic_httpx = httpx  # type: ignore[no-redef]
+
+OPTIONS = {
+    "served_model_name": "tiny",
+    "dtype": "float32",
+    "max_model_len": 512,
+    "start_timeout_s": 300,
+    "extra_args": [{"name": "--enforce-eager"}, {"name": "--kv-cache-memory-bytes", "values": ["64M"]}],
+}
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVllm, tiny_models: tuple[Path, Path]
+) -> Iterator[tuple[Server, str]]:
+    tmp = tmp_path_factory.mktemp("gateway-real")
+    data = tmp / "data"
+    shutil.copytree(tiny_models[0], data / "models" / "tiny")
+    short_tmp = Path(tempfile.mkdtemp(prefix="vu-", dir="/tmp"))
+    server = start_server(
+        data,
+        "--vllm-bin",
+        str(real_vllm.vllm),
+        "--runtime-port",
+        str(free_port()),
+        "--model-aliases",
+        "fast=tiny",
+        env=vllm_child_env(tmp / "scratch", short_tmp),
+    )
+    try:
+        model = server.fetch("/api/models/local", "POST", json={"name": "tiny", "path": "tiny"}).json()[
+            "model"
+        ]
+        r = server.fetch("/api/runtime/switch", "POST", json={"model_id": model["id"], "options": OPTIONS})
+        assert r.status_code == 200, r.text
+        yield server, server.create_key("inference")[1]
+    finally:
+        server.fetch("/api/runtime/stop", "POST")
+        server.stop()
+        shutil.rmtree(short_tmp, ignore_errors=True)
+
+
+def test_openai_sdk_chat_and_completions_through_the_gateway(gateway: tuple[Server, str]) -> None:
+    server, key = gateway
+    client = openai.OpenAI(
+        api_key=key,
+        base_url=server.base_url + "/v1",
+        http_client=httpx.Client(trust_env=False),
+        max_retries=0,
+    )
+    reply = client.chat.completions.create(
+        model="fast", messages=[{"role": "user", "content": "Hello"}], max_tokens=8
+    )
+    assert reply.model == "tiny" and reply.choices[0].message.content is not None
+    pieces = [
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, stream=True
+        )
+        if c.choices
+    ]
+    assert len(pieces) >= 2
+    completion = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=8)
+    assert completion.choices[0].text is not None
+    streamed = list(client.completions.create(model="tiny", prompt="Once", max_tokens=8, stream=True))
+    assert len(streamed) >= 2
+    assert {m.id for m in client.models.list()} >= {"tiny", "fast"}
+
+
+def test_openai_sdk_responses_through_the_gateway(gateway: tuple[Server, str]) -> None:
+    server, key = gateway
+    client = openai.OpenAI(
+        api_key=key,
+        base_url=server.base_url + "/v1",
+        http_client=httpx.Client(trust_env=False),
+        max_retries=0,
+    )
+    response = client.responses.create(model="tiny", input="Hello", max_output_tokens=16)
+    assert response.status in ("completed", "incomplete")
+    events = [
+        event.type
+        for event in client.responses.create(model="tiny", input="Hi", max_output_tokens=16, stream=True)
+    ]
+    assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete")
+
+
+def test_anthropic_sdk_messages_through_the_gateway(gateway: tuple[Server, str]) -> None:
+    server, key = gateway
+    client = anthropic.Anthropic(
+        api_key=key,
+        base_url=server.base_url,
+        http_client=anthropic_httpx.Client(trust_env=False),
+        max_retries=0,
+    )
+    message = client.messages.create(
+        model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Hello"}]
+    )
+    assert message.role == "assistant"
+    with client.messages.stream(
+        model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Hi"}]
+    ) as stream:
+        events = [event.type for event in stream]
+    assert events[0] == "message_start" and "message_stop" in events
+    count = client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "Hello there"}])
+    assert count.input_tokens > 0
