@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import time
 from collections import deque
@@ -32,7 +31,7 @@ from tornado.process import Subprocess
 
 from vllm_use import children, fsafety, model_store, models
 from vllm_use.config import Config, child_env
-from vllm_use.downloads import tasks
+from vllm_use.downloads import files, tasks
 from vllm_use.errors import Conflict, InvalidArguments, NotFound
 from vllm_use.logbuffer import LogBuffer, cut_utf8
 from vllm_use.storage import Database, now_ms
@@ -142,7 +141,7 @@ class DownloadManager:
         if buffer is not None:
             return buffer.lines(tail)
         path = self.logs_dir / f"{task_id}.log"
-        text = await asyncio.get_running_loop().run_in_executor(None, _read_log, path)
+        text = await asyncio.get_running_loop().run_in_executor(None, files.read_log, path)
         lines = text.split("\n")
         if lines and lines[-1] == "":
             lines.pop()
@@ -287,7 +286,7 @@ class DownloadManager:
         record = await self.get(task_id)  # now running, with started_at
         target = self.root / record.model_id
         try:
-            await asyncio.get_running_loop().run_in_executor(None, _prepare_target, self.root, target)
+            await asyncio.get_running_loop().run_in_executor(None, files.prepare_target, self.root, target)
             if task_id in self._cancel_requested:  # canceled (or shut down) while we got here
                 await self._finish(
                     task_id, record.model_id, "canceled", model_status="canceled", error="canceled"
@@ -338,12 +337,12 @@ class DownloadManager:
     ) -> None:
         loop = asyncio.get_running_loop()
         progress.total = await loop.run_in_executor(
-            None, _hub_total, record.repository, record.revision, token
+            None, files.hub_total, record.repository, record.revision, token
         )
         token = None
         last_persist = time.monotonic()
         while True:
-            done = await loop.run_in_executor(None, _measure, running.target)
+            done = await loop.run_in_executor(None, files.measure, running.target)
             now = time.monotonic()
             changed = done != progress.done
             if changed:
@@ -375,11 +374,11 @@ class DownloadManager:
         code: int,
     ) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, _write_log, self.logs_dir / f"{task_id}.log", buffer)
+        await loop.run_in_executor(None, files.write_log, self.logs_dir / f"{task_id}.log", buffer)
         if code != 0:
             # A killed hf leaves its partial files behind; a new run never resumes them.
-            await loop.run_in_executor(None, _remove_partials, running.target)
-        done = await loop.run_in_executor(None, _measure, running.target)
+            await loop.run_in_executor(None, files.remove_partials, running.target)
+        done = await loop.run_in_executor(None, files.measure, running.target)
         if task_id in self._cancel_requested:
             await self._finish(
                 task_id,
@@ -392,7 +391,7 @@ class DownloadManager:
             )
         elif code == 0:
             try:
-                size = await loop.run_in_executor(None, _verify_target, self.root, record.model_id)
+                size = await loop.run_in_executor(None, files.verify_target, self.root, record.model_id)
             except (InvalidArguments, OSError) as exc:
                 message = exc.message if isinstance(exc, InvalidArguments) else str(exc)
                 await self._finish(
@@ -454,106 +453,3 @@ class DownloadManager:
             log.warning("hf child %d ignored SIGTERM; killing its process group", pid)
         # The group may hold more than the main pid (helpers it started): kill whatever is left.
         children.signal_group(pid, signal.SIGKILL)
-
-
-# --- filesystem and hub work: these run in an executor ---------------------------------------
-
-
-def _prepare_target(root: Path, target: Path) -> None:
-    """Refuse a root or target that is a symlink or not a directory; create the target 0700."""
-    if os.path.islink(root) or not root.is_dir():
-        raise InvalidArguments(f"the models root {root} is not a real directory")
-    if os.path.lexists(target):
-        if os.path.islink(target) or not target.is_dir():
-            raise InvalidArguments(
-                f"{target} is a symbolic link or not a directory; refusing to download into it"
-            )
-        return
-    os.mkdir(target, 0o700)
-
-
-def _verify_target(root: Path, model_id: str) -> int:
-    path = models.real_model_dir(root, model_id)
-    if Path(os.path.realpath(path)).parent != Path(os.path.realpath(root)):
-        raise InvalidArguments(f"{path} resolves outside the models root")
-    return _payload_size(path)
-
-
-def _payload_size(target: Path) -> int:
-    """The model's files: everything but hf's `.cache` bookkeeping."""
-    total = 0
-    with os.scandir(target) as entries:
-        for entry in entries:
-            if entry.name == ".cache":
-                continue
-            if entry.is_file(follow_symlinks=False):
-                total += entry.stat(follow_symlinks=False).st_size
-            elif entry.is_dir(follow_symlinks=False):
-                total += models.directory_size(Path(entry.path))
-    return total
-
-
-def _partials(target: Path) -> list[str]:
-    """hf's partial files (`.cache/huggingface/download/**/*.incomplete`), written in 10 MiB steps."""
-    partials = target / ".cache" / "huggingface" / "download"
-    if os.path.islink(partials) or not partials.is_dir():
-        return []
-    return [
-        os.path.join(dirpath, name)
-        for dirpath, _dirs, files in os.walk(partials, followlinks=False)
-        for name in files
-        if name.endswith(".incomplete")
-    ]
-
-
-def _partial_size(target: Path) -> int:
-    total = 0
-    for path in _partials(target):
-        try:
-            total += os.lstat(path).st_size
-        except OSError:
-            pass  # renamed into place meanwhile: counted with the payload next time
-    return total
-
-
-def _remove_partials(target: Path) -> None:
-    for path in _partials(target):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
-def _measure(target: Path) -> int:
-    try:
-        return _payload_size(target) + _partial_size(target)
-    except OSError:
-        return 0
-
-
-def _hub_total(repository: str, revision: str, token: str | None) -> int | None:
-    """Total bytes from the hub's file list (HF_ENDPOINT honoured); None if it can't be read."""
-    try:
-        from huggingface_hub import HfApi
-
-        info = HfApi().model_info(repository, revision=revision, files_metadata=True, token=token or False)
-        sizes = [s.size for s in info.siblings or [] if s.size is not None]
-        return sum(sizes) if sizes else None
-    except Exception as exc:  # any hub failure only costs us the total
-        log.info("hub file list for %s@%s unavailable: %s", repository, revision, type(exc).__name__)
-        return None
-
-
-def _write_log(path: Path, buffer: LogBuffer) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        buffer.write_to(f)
-
-
-def _read_log(path: Path) -> str:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return ""
-    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
-        return f.read(8 * 1024 * 1024)
