@@ -36,6 +36,10 @@ class JsonHandler(tornado.web.RequestHandler):
 
     surface: Surface = Surface.API
     public = False
+    body_limit = BODY_LIMIT
+
+    def _too_large_error(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"request body is larger than {self.body_limit} bytes", limit=self.body_limit)
 
     def initialize(self, app: AppContext, executor: Executor, **kwargs: Any) -> None:
         self.app = app
@@ -56,14 +60,14 @@ class JsonHandler(tornado.web.RequestHandler):
 
     def check_body_size(self) -> None:
         declared = self.request.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and int(declared) > BODY_LIMIT:
-            raise PayloadTooLarge(f"request body is larger than {BODY_LIMIT} bytes", limit=BODY_LIMIT)
+        if declared is not None and declared.isdigit() and int(declared) > self.body_limit:
+            raise self._too_large_error()
 
     def data_received(self, chunk: bytes) -> None:
         if self._too_large or self._discard:
             return
         self._size += len(chunk)
-        if self._size > BODY_LIMIT:
+        if self._size > self.body_limit:
             self._too_large = True
             self._chunks.clear()
             return
@@ -72,7 +76,7 @@ class JsonHandler(tornado.web.RequestHandler):
     @property
     def body(self) -> bytes:
         if self._too_large:
-            raise PayloadTooLarge(f"request body is larger than {BODY_LIMIT} bytes", limit=BODY_LIMIT)
+            raise self._too_large_error()
         return b"".join(self._chunks)
 
     # --- auth --------------------------------------------------------------------------------

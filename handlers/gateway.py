@@ -94,28 +94,7 @@ class GatewayHandler(JsonHandler):
         super().set_default_headers()
         self.set_header("X-Request-ID", getattr(self, "request_id", ""))
 
-    # --- before the body ---------------------------------------------------------------------
-
-    def check_body_size(self) -> None:
-        declared = self.request.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and int(declared) > BODY_LIMIT:
-            raise PayloadTooLarge(f"request body is larger than {BODY_LIMIT} bytes", limit=BODY_LIMIT)
-
-    def data_received(self, chunk: bytes) -> None:
-        if self._too_large or self._discard:
-            return
-        self._size += len(chunk)
-        if self._size > BODY_LIMIT:
-            self._too_large = True
-            self._chunks.clear()
-            return
-        self._chunks.append(chunk)
-
-    @property
-    def body(self) -> bytes:
-        if self._too_large:
-            raise PayloadTooLarge(f"request body is larger than {BODY_LIMIT} bytes", limit=BODY_LIMIT)
-        return b"".join(self._chunks)
+    # --- before the body: the size cap is JsonHandler's, with body_limit = 16 MiB -------------
 
     async def authenticate(self) -> Identity:
         bearer = self.request.headers.get_list("Authorization")
