@@ -33,10 +33,11 @@ from vllm_use.errors import (
     VllmUseError,
 )
 from vllm_use.gateway import streams
-from vllm_use.gateway.aliases import rewrite_model
+from vllm_use.gateway.aliases import prepare_body
 from vllm_use.gateway.audit import new_audit_id, request_id_or
-from vllm_use.gateway.proxy import RESPONSE_DROP, CancellableClient, forward_headers, parse_header_lines
+from vllm_use.gateway.proxy import RESPONSE_DROP, forward_headers, parse_header_lines
 from vllm_use.gateway.streams import StreamSession
+from vllm_use.gateway.upstream import PooledClient
 from vllm_use.scopes import Identity, Surface
 
 log = logging.getLogger(__name__)
@@ -140,11 +141,7 @@ class GatewayHandler(JsonHandler):
         except PayloadTooLarge as exc:
             self.fail(exc)  # nothing was sent upstream
             return
-        body, self.model_sent = rewrite_model(raw, self.app.config.model_aliases)
-        try:
-            self.streamed = bool(json.loads(body).get("stream")) if body else False
-        except (ValueError, AttributeError):
-            self.streamed = False
+        body, self.model_sent, self.streamed = prepare_body(raw, self.app.config.model_aliases)
         conversation = self.request.headers.get_list(streams.HEADER)
         if conversation and path == "chat/completions":
             try:
@@ -197,7 +194,6 @@ class GatewayHandler(JsonHandler):
             follow_redirects=False,
             decompress_response=False,
             connect_timeout=10,
-            request_timeout=24 * 3600,
             header_callback=self._header_line,
             streaming_callback=(lambda chunk: buffered.append(chunk))
             if buffered is not None
@@ -206,7 +202,7 @@ class GatewayHandler(JsonHandler):
         )
         self._upstream = request
         if self.session is not None:
-            self.session.set_canceller(lambda: CancellableClient.cancel(request))
+            self.session.set_canceller(lambda: PooledClient.cancel(request))
         try:
             await self.app.gateway_client.fetch(request, raise_error=False)
         except _ClientGone:
@@ -270,7 +266,7 @@ class GatewayHandler(JsonHandler):
             return  # we closed it
         self._client_gone = True
         if self._upstream is not None and self.session is None:
-            CancellableClient.cancel(self._upstream)
+            PooledClient.cancel(self._upstream)
 
     def on_finish(self) -> None:
         key_id = self.identity.key_id if self.identity else None

@@ -67,6 +67,7 @@ class Received:
     headers: tuple[tuple[str, str], ...]  # in arrival order, names as Tornado normalises them
     body: bytes
     at: float  # time.monotonic()
+    peer: int = 0  # the client's port: one value per TCP connection, so keep-alive reuse shows
 
     def header_list(self, name: str) -> list[str]:
         return [v for k, v in self.headers if k.lower() == name.lower()]
@@ -140,6 +141,7 @@ class _Handler(tornado.web.RequestHandler):
                 headers=tuple(self.request.headers.get_all()),
                 body=self.request.body,
                 at=time.monotonic(),
+                peer=self.request.connection.stream.socket.getpeername()[1],
             )
         )
         for name, value in self.fake.extra_headers.items():
@@ -791,8 +793,15 @@ class FakeUpstream:
         done.result(timeout=10)
 
     def down(self) -> None:
-        """Stop listening: new connections are refused (open ones are left alone)."""
-        self._call(self._unlisten)
+        """Go down like a dead process: new connections are refused and open ones are closed
+        (the gateway's idle keep-alive connections included)."""
+        self._call(self._down)
+
+    def _down(self) -> None:
+        self._unlisten()
+        for server in self._servers:
+            for connection in list(server._connections):  # HTTP1ServerConnection
+                connection.stream.close()
 
     def up(self) -> None:
         """Listen again, on the same port."""

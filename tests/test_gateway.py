@@ -442,6 +442,22 @@ def test_client_disconnect_closes_the_upstream_connection_promptly(
     (record,) = eventually(lambda: audit_of(gw, request_id), timeout=5)
     assert record["status"] == 499 and record["stream"] is True
     assert "Traceback" not in gw.log()[log_before:]  # a client going away is not a server error
+    # The cancelled connection is never handed to the next request.
+    upstream.endless = False
+    assert post(gw, "/v1/chat/completions", key[1], CHAT).status_code == 200
+    cancelled, after = upstream.requests[-2:]
+    assert cancelled.header("X-Request-ID") == request_id and after.peer != cancelled.peer
+
+
+def test_upstream_connections_are_kept_alive_and_reused(
+    gw: Server, key: tuple[str, str], upstream: FakeUpstream
+) -> None:
+    for i in range(30):
+        body = {**CHAT, "stream": i % 2 == 1}
+        r = post(gw, "/v1/chat/completions" if i % 3 else "/v1/messages", key[1], body if i % 3 else MESSAGE)
+        assert r.status_code == 200
+    peers = [r.peer for r in upstream.requests]
+    assert len(peers) == 30 and len(set(peers)) == 1, peers
 
 
 # --- authentication -------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import pstats
 import socket
 import statistics
 import subprocess
@@ -50,11 +51,20 @@ TIME_WAIT_TARGET = 100
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 
 
+PROFILER = """
+import atexit, cProfile
+_profile = cProfile.Profile()
+_profile.enable()
+atexit.register(lambda: (_profile.disable(), _profile.dump_stats({out!r})))
+"""
+
+
 # --- the fake upstream (runs in its own process) -----------------------------------------------
 
 
 def serve_upstream(port: int) -> None:
     """A bare Tornado app: the floor any relay in front of it is measured against."""
+    import tornado.httpserver
     import tornado.ioloop
     import tornado.web
 
@@ -81,7 +91,22 @@ def serve_upstream(port: int) -> None:
                 await self.flush()
             self.finish(b"data: [DONE]\n\n")
 
-    tornado.web.Application([(r"/v1/chat/completions", Completions)]).listen(port, "127.0.0.1")
+    accepted = [0]
+
+    class Accepted(tornado.web.RequestHandler):
+        def get(self) -> None:
+            self.finish(str(accepted[0]))
+
+    app = tornado.web.Application([(r"/v1/chat/completions", Completions), (r"/_accepted", Accepted)])
+    server = tornado.httpserver.HTTPServer(app)
+    handle_stream = server.handle_stream
+
+    def counted(stream: object, address: object) -> object:
+        accepted[0] += 1
+        return handle_stream(stream, address)
+
+    server.handle_stream = counted  # type: ignore[method-assign]
+    server.listen(port, "127.0.0.1")
     tornado.ioloop.IOLoop.current().start()
 
 
@@ -108,8 +133,25 @@ def cpu_ms(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * TICK_MS
 
 
+# The local ports of the benchmark's own connections to the upstream (the "upstream direct" rows),
+# so that their TIME-WAIT sockets are not counted against the gateway.
+BENCH_PORTS: set[int] = set()
+
+
+def accepted(port: int) -> int:
+    """Connections the fake upstream has accepted so far (its `/_accepted` counter, itself included)."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        BENCH_PORTS.add(sock.getsockname()[1])
+        sock.sendall(b"GET /_accepted HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(4096):
+            data += chunk
+    return int(data.split(b"\r\n\r\n", 1)[1])
+
+
 def time_wait(port: int) -> tuple[int, int]:
-    """Sockets in TIME-WAIT with `port` as (remote port: the gateway's side, local port: the upstream's)."""
+    """Sockets in TIME-WAIT with `port` as (remote port: the gateway's side, local port: the upstream's),
+    leaving out the benchmark's own direct connections."""
     remote = local = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -120,8 +162,10 @@ def time_wait(port: int) -> tuple[int, int]:
             cols = line.split()
             if cols[3] != "06":
                 continue
-            remote += int(cols[2].rsplit(":", 1)[1], 16) == port
-            local += int(cols[1].rsplit(":", 1)[1], 16) == port
+            local_port = int(cols[1].rsplit(":", 1)[1], 16)
+            remote_port = int(cols[2].rsplit(":", 1)[1], 16)
+            remote += remote_port == port and local_port not in BENCH_PORTS
+            local += local_port == port and remote_port not in BENCH_PORTS
     return remote, local
 
 
@@ -187,6 +231,8 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, p
 async def load(target: Target, stream: bool, concurrency: int, requests: int) -> tuple[list[Sample], float]:
     """`requests` requests over `concurrency` keep-alive connections; the samples and the wall time (s)."""
     conns = [await asyncio.open_connection("127.0.0.1", target.port) for _ in range(concurrency)]
+    if target.token is None:  # direct to the upstream
+        BENCH_PORTS.update(w.get_extra_info("sockname")[1] for _, w in conns)
     left = [requests]
     samples: list[Sample] = []
 
@@ -206,7 +252,11 @@ async def load(target: Target, stream: bool, concurrency: int, requests: int) ->
 # --- healthz probe (its own process, so the load's client does not delay it) -------------------
 
 
-def healthz_probe(port: int, stop: multiprocessing.synchronize.Event, out: multiprocessing.Queue) -> None:
+def healthz_probe(
+    port: int, stop: multiprocessing.synchronize.Event, out: multiprocessing.Queue, cpus: set[int] | None
+) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     request = b"GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"
@@ -227,10 +277,12 @@ def healthz_probe(port: int, stop: multiprocessing.synchronize.Event, out: multi
     out.put(latencies[20:])  # the first few warm the connection
 
 
-async def healthz_while(port: int, work: asyncio.Future[object] | None, seconds: float = 2.0) -> list[float]:
+async def healthz_while(
+    port: int, work: asyncio.Future[object] | None, seconds: float = 2.0, cpus: set[int] | None = None
+) -> list[float]:
     ctx = multiprocessing.get_context("fork")
     stop, out = ctx.Event(), ctx.Queue()
-    proc = ctx.Process(target=healthz_probe, args=(port, stop, out))
+    proc = ctx.Process(target=healthz_probe, args=(port, stop, out, cpus))
     proc.start()
     if work is None:
         await asyncio.sleep(seconds)
@@ -240,6 +292,15 @@ async def healthz_while(port: int, work: asyncio.Future[object] | None, seconds:
     latencies = out.get(timeout=30)
     proc.join()
     return latencies
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Set the CPU affinity of every thread of `pid`."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except OSError:  # a thread that just ended
+            pass
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -271,15 +332,16 @@ async def run(
         Target("gateway + conv-id", gw_port, "fast", secret, conversation=True),
     ]
     rows: dict[tuple[str, bool, int], dict[str, float]] = {}
-    gw_requests = 0
+    gw_requests = gw_opened = 0
     print(
         f"{'target':<18} {'stream':>6} {'c':>3} {'n':>5} {'req/s':>7} {'chunk/s':>8} {'ttfb p50':>8} "
-        f"{'p99':>6} {'total p50':>9} {'p99':>6} {'gw cpu':>7} {'up cpu':>7} {'TW gw/up':>9}"
+        f"{'p99':>6} {'total p50':>9} {'p99':>6} {'gw cpu':>7} {'up cpu':>7} {'TW gw/up':>9} {'conns':>5}"
     )
     for stream in (False, True):
         for concurrency, requests in ((1, opts.c1), (32, opts.c32)):
             for target in targets:
                 warmup = max(concurrency, 50)
+                opened0 = accepted(upstream_port)
                 await load(target, stream, concurrency, warmup)  # not counted
                 gw_requests += (warmup + requests) * (target.port != upstream_port)
                 gw0, up0 = cpu_ms(server_pid), cpu_ms(upstream_pid)
@@ -287,6 +349,8 @@ async def run(
                 gw_cpu = (cpu_ms(server_pid) - gw0) / requests
                 up_cpu = (cpu_ms(upstream_pid) - up0) / requests
                 tw = time_wait(upstream_port)
+                opened = accepted(upstream_port) - opened0 - 1  # less the counter's own request
+                gw_opened += opened * (target.port != upstream_port)
                 want = CHUNKS + 1 if stream else 0
                 if any(s.chunks != want for s in samples):
                     raise SystemExit(f"{target.name}: expected {want} chunks per response")
@@ -304,17 +368,35 @@ async def run(
                 print(
                     f"{target.name:<18} {'yes' if stream else 'no':>6} {concurrency:>3} {requests:>5} "
                     f"{row['rps']:7.0f} {row['cps']:8.0f} {row['ttfb50']:8.2f} {row['ttfb99']:6.2f} "
-                    f"{row['tot50']:9.2f} {row['tot99']:6.2f} {gw:>7} {up_cpu:7.2f} {tw[0]:>4}/{tw[1]:<4}",
+                    f"{row['tot50']:9.2f} {row['tot99']:6.2f} {gw:>7} {up_cpu:7.2f} {tw[0]:>4}/{tw[1]:<4} {opened:>5}",
                     flush=True,
                 )
     print("   (ms; cpu = utime+stime per request, 10 ms ticks; TW = TIME-WAIT sockets with the upstream's")
-    print("    port as remote port (gateway side) / local port (upstream side), read after each row)")
+    print("    port as remote port (gateway side) / local port (upstream side), read after each row, the")
+    print("    benchmark's own direct connections left out; conns = connections the upstream accepted")
+    print("    during the row and its warm-up)")
     print()
 
     idle = await healthz_while(gw_port, None)
     streams = asyncio.ensure_future(load(targets[1], True, 32, opts.healthz_streams))
     loaded = await healthz_while(gw_port, streams)
     gw_requests += opts.healthz_streams
+    # Again with the gateway (all its threads) and the probe on CPU 0, the load's client and the
+    # upstream on the others: the gateway's own loop stalls, without 4 processes sharing 2 cores.
+    everything = os.sched_getaffinity(0)
+    pinned: list[float] = []
+    if len(everything) >= 2:
+        first, rest = {min(everything)}, everything - {min(everything)}
+        for pid in (upstream_pid, os.getpid()):
+            pin(pid, rest)
+        pin(server_pid, first)
+        try:
+            streams = asyncio.ensure_future(load(targets[1], True, 32, opts.healthz_streams))
+            pinned = await healthz_while(gw_port, streams, cpus=first)
+            gw_requests += opts.healthz_streams
+        finally:
+            for pid in (upstream_pid, os.getpid(), server_pid):
+                pin(pid, everything)
     remote, local = time_wait(upstream_port)
 
     print("Targets (gateway CPU per request from the c=32 rows; TTFB from the c=1 rows):")
@@ -335,10 +417,18 @@ async def run(
         f"  {mark(pct(loaded, 99), HEALTHZ_P99_TARGET_MS)}  (n={len(idle)}/{len(loaded)},"
         f" max {max(loaded):.1f} ms)"
     )
+    if pinned:
+        print(
+            f"   {'healthz p99, 32 streams, pinned':<34} {'gateway on CPU 0':<18} {pct(pinned, 99):6.2f} ms"
+            f"  {mark(pct(pinned, 99), HEALTHZ_P99_TARGET_MS)}  (n={len(pinned)}, max {max(pinned):.1f} ms;"
+            " client and upstream on the other CPUs)"
+        )
     print(
         f"   {'TIME-WAIT to upstream, end of run':<34} {'':<18} {remote:6d} (upstream side {local})"
         f"  after {gw_requests} gateway requests in this run; target < {TIME_WAIT_TARGET}"
         f" after 10,000: {'OK' if remote + local < TIME_WAIT_TARGET else 'MISS'}"
+        f"\n   {'upstream connections opened by the gateway':<53} {gw_opened:6d}"
+        f"  in the measured gateway rows ({gw_requests - opts.healthz_streams} requests with their warm-ups)"
     )
 
 
@@ -348,6 +438,11 @@ def main() -> None:
     parser.add_argument("--c1", type=int, default=300, help="requests per row at concurrency 1")
     parser.add_argument("--c32", type=int, default=2000, help="requests per row at concurrency 32")
     parser.add_argument("--healthz-streams", type=int, default=1500, help="streams while healthz is probed")
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="run the gateway under cProfile; write the stats to FILE, print the top",
+    )
     opts = parser.parse_args()
     if opts.serve_upstream:
         serve_upstream(opts.serve_upstream)
@@ -357,12 +452,19 @@ def main() -> None:
     upstream, upstream_port = start_upstream()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
+            env = {}
+            if opts.profile:  # sitecustomize runs first in the child: profile its main thread to exit
+                Path(tmp, "sitecustomize.py").write_text(
+                    PROFILER.format(out=str(Path(opts.profile).resolve()))
+                )
+                env["PYTHONPATH"] = os.pathsep.join([tmp, str(REPO)])
             server = start_server(
                 Path(tmp) / "data",
                 "--upstream",
                 f"http://127.0.0.1:{upstream_port}",
                 "--model-aliases",
                 "fast=tiny",
+                env=env,
             )
             try:
                 _, secret = server.create_key("inference", name="bench")
@@ -375,6 +477,10 @@ def main() -> None:
     finally:
         upstream.terminate()
         upstream.wait(10)
+    if opts.profile:
+        print()
+        stats = pstats.Stats(opts.profile)
+        stats.sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from vllm_use.auth import Authenticator
     from vllm_use.downloads.manager import DownloadManager
     from vllm_use.gateway.audit import AuditWriter
-    from vllm_use.gateway.proxy import CancellableClient
     from vllm_use.gateway.streams import StreamRegistry
+    from vllm_use.gateway.upstream import PooledClient
     from vllm_use.registry import Registry
     from vllm_use.runtime.supervisor import Supervisor
     from vllm_use.storage import Database
@@ -33,7 +33,7 @@ class AppContext:
     downloads: DownloadManager
     runtime: Supervisor
     audit: AuditWriter
-    gateway_client: CancellableClient
+    gateway_client: PooledClient
     streams: StreamRegistry
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)

@@ -44,23 +44,33 @@ def rewrite_model(body: bytes, aliases: dict[str, str]) -> tuple[bytes, str | No
 
     A body that is not a valid JSON object is returned unchanged.
     """
+    out, sent, _stream = prepare_body(body, aliases)
+    return out, sent
+
+
+def prepare_body(body: bytes, aliases: dict[str, str]) -> tuple[bytes, str | None, bool]:
+    """`rewrite_model`, plus the body's `"stream": true` flag, from one parse of the body."""
     if not body:
-        return body, None
+        return body, None, False
     try:
         text = body.decode("utf-8")  # valid UTF-8 decodes and re-encodes to the very same bytes
-        json.loads(text)  # validity first: the scanner assumes well-formed JSON
-        spans = model_spans(text)
-    except (ValueError, IndexError):
-        return body, None
-    if not spans:
-        return body, None
-    sent = spans[-1][2]  # what a JSON parser keeps: the last duplicate wins
+        parsed = json.loads(text)  # validity first: the scanner assumes well-formed JSON
+    except ValueError:
+        return body, None, False
+    if not isinstance(parsed, dict):
+        return body, None, False
+    stream = bool(parsed.get("stream"))
+    model = parsed.get("model")
+    sent = model if isinstance(model, str) else None
     if not aliases:
-        return body, sent
+        return body, sent, stream  # the last duplicate wins, in json.loads as in the upstream
+    spans = model_spans(text)
     out, last = [], 0
     for start, end, value in spans:
         if value in aliases:
             out += [text[last:start], json.dumps(aliases[value])]
             last = end
+    if not out:
+        return body, sent, stream
     out.append(text[last:])
-    return "".join(out).encode("utf-8"), sent
+    return "".join(out).encode("utf-8"), sent, stream

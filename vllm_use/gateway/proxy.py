@@ -1,18 +1,9 @@
-"""The upstream side of the gateway (S5): an HTTP client we can cancel, and header rules.
+"""The gateway's header rules (S5): what goes upstream, what comes back to the client.
 
-`CancellableClient` is Tornado's simple client with one addition: each request
-records its connection, so `cancel(request)` closes the upstream socket at once
-(vLLM aborts the generation and frees the slot) instead of at the next chunk.
-No environment proxy is ever used (the simple client reads none) and redirects
-are never followed.
+The client that talks to the upstream is `vllm_use.gateway.upstream.PooledClient`.
 """
 
 from __future__ import annotations
-
-from typing import Any
-
-from tornado.httpclient import HTTPRequest
-from tornado.simple_httpclient import SimpleAsyncHTTPClient, _HTTPConnection
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and the ones the gateway owns.
 HOP_BY_HOP = frozenset(
@@ -48,32 +39,6 @@ RESPONSE_DROP = HOP_BY_HOP | {
     "date",
     "content-encoding",
 }
-
-
-class _TrackedConnection(_HTTPConnection):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        request = args[1]
-        original = getattr(request, "request", request)
-        original._vu_connection = self  # type: ignore[attr-defined]
-        super().__init__(*args, **kwargs)
-
-
-class CancellableClient(SimpleAsyncHTTPClient):
-    def _connection_class(self) -> type:
-        return _TrackedConnection
-
-    @staticmethod
-    def cancel(request: HTTPRequest) -> None:
-        """Close the upstream connection of `request` now (no-op if it has none yet or is done)."""
-        connection = getattr(request, "_vu_connection", None)
-        stream = getattr(connection, "stream", None)
-        if stream is not None and not stream.closed():
-            stream.close()
-
-
-def new_client() -> CancellableClient:
-    # force_instance: our own pool and limits, not the loop-wide shared client.
-    return CancellableClient(force_instance=True, max_clients=1024, max_body_size=1 << 40)
 
 
 def forward_headers(

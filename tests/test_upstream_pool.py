@@ -1,0 +1,457 @@
+"""The gateway's upstream client (vllm_use/gateway/upstream.py): keep-alive reuse, and when it must not reuse.
+
+`PooledClient` runs here on its own, inside `asyncio.run`, against `tests/fakeupstream.py` (a fake
+vLLM on Tornado) and against small raw-socket servers that misbehave on purpose (resets, clean
+hang-ups after a request, byte-by-byte chunked bodies, HTTP/1.0). Through the gateway, the same
+rules are checked in tests/test_gateway.py (keep-alive reuse, a cancelled connection never reused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import struct
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+from tornado.httpclient import HTTPRequest, HTTPResponse
+from tornado.iostream import StreamClosedError
+
+from tests.fakeupstream import FakeUpstream, running
+from vllm_use.gateway.upstream import PooledClient, UpstreamProtocolError, _Dechunker
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Say hello"}]}
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstream]:
+    yield from running()
+
+
+@pytest.fixture(autouse=True)
+def fresh_upstream(upstream: FakeUpstream) -> Iterator[None]:
+    upstream.reset()
+    yield
+    upstream.reset()
+
+
+def run_with_client(body: Callable[[PooledClient], Awaitable[Any]], **options: Any) -> Any:
+    async def main() -> Any:
+        client = PooledClient(force_instance=True, **options)
+        try:
+            return await body(client)
+        finally:
+            client.close()
+
+    return asyncio.run(main())
+
+
+def chat(url: str, stream: bool = False, on_chunk: Callable[[bytes], Any] | None = None) -> HTTPRequest:
+    return HTTPRequest(
+        url + "/v1/chat/completions",
+        method="POST",
+        body=json.dumps({**CHAT, "stream": stream}),
+        headers={"Content-Type": "application/json"},
+        streaming_callback=on_chunk,
+    )
+
+
+def sse_text(raw: bytes) -> str:
+    """The assistant text of an OpenAI SSE body."""
+    text = ""
+    for line in raw.decode().splitlines():
+        if line.startswith("data: {"):
+            delta = json.loads(line[6:])["choices"][0]["delta"]
+            text += delta.get("content") or ""
+    return text
+
+
+# --- reuse --------------------------------------------------------------------------------------
+
+
+def test_sequential_requests_share_one_connection(upstream: FakeUpstream) -> None:
+    async def body(client: PooledClient) -> list[bytes]:
+        bodies = []
+        for i in range(20):
+            chunks: list[bytes] = []
+            response = await client.fetch(chat(upstream.url, i % 2 == 1, chunks.append if i % 2 else None))
+            assert response.code == 200
+            bodies.append(b"".join(chunks) if i % 2 else response.body)
+        assert client.opened == 1 and client.idle_count() == 1
+        return bodies
+
+    bodies = run_with_client(body)
+    assert json.loads(bodies[0])["choices"][0]["message"]["content"] == upstream.reply
+    assert sse_text(bodies[1]) == upstream.reply
+    assert len({r.peer for r in upstream.requests}) == 1
+    assert len(upstream.requests) == 20
+
+
+def test_concurrent_requests_open_one_connection_each_then_reuse_them(upstream: FakeUpstream) -> None:
+    async def body(client: PooledClient) -> None:
+        for _ in range(3):
+            responses = await asyncio.gather(
+                *(client.fetch(chat(upstream.url, True, lambda c: None)) for _ in range(8))
+            )
+            assert {r.code for r in responses} == {200}
+        assert client.opened == 8 and client.idle_count() == 8
+
+    run_with_client(body)
+    assert len({r.peer for r in upstream.requests}) == 8
+
+
+def test_idle_connections_are_closed_after_the_idle_timeout(upstream: FakeUpstream) -> None:
+    async def body(client: PooledClient) -> None:
+        await client.fetch(chat(upstream.url))
+        assert client.idle_count() == 1
+        await asyncio.sleep(0.6)
+        assert client.idle_count() == 0
+        await client.fetch(chat(upstream.url))
+        assert client.opened == 2
+
+    run_with_client(body, idle_timeout=0.2)
+
+
+def test_at_most_max_idle_connections_are_kept(upstream: FakeUpstream) -> None:
+    async def body(client: PooledClient) -> None:
+        await asyncio.gather(*(client.fetch(chat(upstream.url)) for _ in range(5)))
+        assert client.opened == 5 and client.idle_count() == 2
+
+    run_with_client(body, max_idle=2)
+
+
+# --- never reused -------------------------------------------------------------------------------
+
+
+def test_a_cancelled_connection_is_closed_at_once_and_never_reused(upstream: FakeUpstream) -> None:
+    upstream.endless = True
+
+    async def body(client: PooledClient) -> None:
+        request = chat(upstream.url, True, lambda chunk: None)
+        first = asyncio.ensure_future(client.fetch(request))
+        while not upstream.requests:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        cancelled_at = time.monotonic()
+        PooledClient.cancel(request)
+        with pytest.raises(StreamClosedError):
+            await first
+        while not upstream.closes:
+            await asyncio.sleep(0.01)
+        assert upstream.closes[0].at - cancelled_at < 1.0
+        upstream.endless = False
+        assert (await client.fetch(chat(upstream.url))).code == 200
+        assert client.opened == 2
+
+    run_with_client(body)
+    first, second = upstream.requests
+    assert first.peer != second.peer
+
+
+def test_a_streaming_callback_that_raises_drops_the_connection(upstream: FakeUpstream) -> None:
+    class Gone(Exception):
+        pass
+
+    def refuse(chunk: bytes) -> None:
+        raise Gone()
+
+    async def body(client: PooledClient) -> None:
+        with pytest.raises(Gone):
+            await client.fetch(chat(upstream.url, True, refuse))
+        assert client.idle_count() == 0
+        assert (await client.fetch(chat(upstream.url))).code == 200
+        assert client.opened == 2
+
+    run_with_client(body)
+
+
+def test_backpressure_the_next_read_waits_for_the_callback(upstream: FakeUpstream) -> None:
+    """While the callback's awaitable is pending, nothing more is delivered."""
+
+    async def body(client: PooledClient) -> None:
+        calls: list[float] = []
+
+        async def slow(chunk: bytes) -> None:
+            calls.append(time.monotonic())
+            await asyncio.sleep(0.05)
+
+        response = await client.fetch(chat(upstream.url, True, lambda chunk: slow(chunk)))
+        assert response.code == 200 and len(calls) >= 2
+        gaps = [b - a for a, b in itertools.pairwise(calls)]
+        assert min(gaps) >= 0.045
+
+    upstream.first_chunk_pause = 0.2  # two deliveries at least: the first chunk, then the rest
+    run_with_client(body)
+
+
+def test_an_upstream_that_went_down_and_came_back_is_reached_on_a_new_connection(
+    upstream: FakeUpstream,
+) -> None:
+    async def body(client: PooledClient) -> None:
+        assert (await client.fetch(chat(upstream.url))).code == 200
+        upstream.down()  # closes the idle connection from the other side
+        upstream.up()
+        await asyncio.sleep(0.05)
+        response = await client.fetch(chat(upstream.url))
+        assert response.code == 200
+        assert client.opened == 2
+
+    run_with_client(body)
+    assert len(upstream.requests) == 2  # the second request was sent once
+
+
+def test_a_connection_close_answer_is_not_reused(upstream: FakeUpstream) -> None:
+    upstream.extra_headers = {"Connection": "close"}
+
+    async def body(client: PooledClient) -> None:
+        for _ in range(3):
+            assert (await client.fetch(chat(upstream.url))).code == 200
+        assert client.opened == 3 and client.idle_count() == 0
+
+    run_with_client(body)
+
+
+# --- against raw servers that misbehave ---------------------------------------------------------
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.decode().split("\r\n"):
+        if line.lower().startswith("content-length:"):
+            length = int(line.split(":")[1])
+    return head + await reader.readexactly(length)
+
+
+async def raw_server(script: Script) -> tuple[str, list[bytes], list[int], asyncio.Server]:
+    """A loopback server running `script(reader, writer, connection number)` per connection."""
+    received: list[bytes] = []
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        try:
+            await script(reader, writer, connections[-1])
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def recording(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        original = reader.readuntil
+
+        async def readuntil(separator: bytes = b"\n") -> bytes:
+            data = await original(separator)
+            if separator == b"\r\n\r\n":
+                received.append(data)
+            return data
+
+        reader.readuntil = readuntil  # type: ignore[method-assign]
+        await handle(reader, writer)
+
+    server = await asyncio.start_server(recording, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return f"http://127.0.0.1:{port}", received, connections, server
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Close with RST (SO_LINGER 0), as a kernel does for a socket closed with unread data."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+def test_a_reset_of_a_reused_connection_before_any_answer_is_sent_again_once() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        if n == 0:  # the second request on this connection gets a reset, unread
+            await reader.readuntil(b"\r\n")
+            reset(writer)
+            return
+        while True:
+            await read_request(reader)
+            writer.write(OK)
+            await writer.drain()
+
+    async def body(client: PooledClient) -> None:
+        url, _received, connections, server = await raw_server(script)
+        async with server:
+            assert (await client.fetch(url + "/a")).body == b"ok"
+            response = await client.fetch(url + "/b")
+            assert response.code == 200 and response.body == b"ok"
+            assert connections == [0, 1] and client.opened == 2
+
+    run_with_client(body)
+
+
+def test_a_clean_hang_up_after_the_request_is_never_sent_again() -> None:
+    """The upstream may have started the work: a second generation must not be started behind the client's back."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        await read_request(reader)  # read the second request, then close without a word
+        writer.close()
+
+    async def body(client: PooledClient) -> None:
+        url, received, connections, server = await raw_server(script)
+        async with server:
+            assert (await client.fetch(url + "/a")).code == 200
+            with pytest.raises(StreamClosedError):
+                await client.fetch(url + "/b", method="POST", body=b"{}")
+            assert connections == [0] and len(received) == 2
+
+    run_with_client(body)
+
+
+def test_chunked_bodies_written_byte_by_byte_with_extensions_and_trailers_are_decoded() -> None:
+    payload = b'data: {"x": 1}\n\n' * 3
+    body = b"5;name=value\r\n" + payload[:5] + b"\r\n" + f"{len(payload) - 5:x}\r\n".encode() + payload[5:]
+    body += b"\r\n0\r\nX-Trailer: t\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(head)
+            for i in range(len(body)):
+                writer.write(body[i : i + 1])
+                await writer.drain()
+                await asyncio.sleep(0)
+
+    async def body_(client: PooledClient) -> None:
+        url, _received, _connections, server = await raw_server(script)
+        async with server:
+            for _ in range(2):
+                chunks: list[bytes] = []
+                response = await client.fetch(url + "/s", streaming_callback=chunks.append)
+                assert response.code == 200 and b"".join(chunks) == payload
+            assert client.opened == 1  # a complete chunked body leaves the connection reusable
+
+    run_with_client(body_)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",  # not hex
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n",  # no CRLF after data
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+    ],
+    ids=["bad-size", "no-crlf", "negative-length", "bad-status", "bad-header", "not-http"],
+)
+def test_a_malformed_answer_is_an_error_and_the_connection_is_dropped(answer: bytes) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(answer if n == 0 else OK)
+        await writer.drain()
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+
+    async def body(client: PooledClient) -> None:
+        url, _received, _connections, server = await raw_server(script)
+        async with server:
+            with pytest.raises(UpstreamProtocolError):
+                await client.fetch(url + "/a", streaming_callback=lambda chunk: None)
+            assert client.idle_count() == 0
+            assert (await client.fetch(url + "/b")).body == b"ok"
+            assert client.opened == 2
+
+    run_with_client(body)
+
+
+def test_an_http_1_0_answer_delimited_by_close_is_read_whole_and_not_reused() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end")
+        await writer.drain()
+
+    async def body(client: PooledClient) -> None:
+        url, _received, connections, server = await raw_server(script)
+        async with server:
+            for _ in range(2):
+                assert (await client.fetch(url + "/a")).body == b"until the end"
+            assert connections == [0, 1] and client.idle_count() == 0
+
+    run_with_client(body)
+
+
+def test_interim_100_continue_is_skipped_and_error_statuses_are_responses() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy")
+            await writer.drain()
+
+    async def body(client: PooledClient) -> HTTPResponse:
+        url, _received, _connections, server = await raw_server(script)
+        async with server:
+            response = await client.fetch(url + "/a", raise_error=False)
+            again = await client.fetch(url + "/a", raise_error=False)
+            assert again.code == 503 and client.opened == 1
+            return response
+
+    response = run_with_client(body)
+    assert (response.code, response.reason, response.body) == (503, "Busy", b"busy")
+
+
+def test_a_refused_connection_is_an_os_error() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def body(client: PooledClient) -> None:
+        with pytest.raises(OSError):
+            await client.fetch(f"http://127.0.0.1:{port}/v1/models")
+
+    run_with_client(body)
+
+
+def test_header_values_with_line_breaks_are_refused_before_anything_is_sent(upstream: FakeUpstream) -> None:
+    async def body(client: PooledClient) -> None:
+        request = HTTPRequest(upstream.url + "/v1/models", headers={"X-Evil": "a\r\nHost: elsewhere"})
+        with pytest.raises(ValueError, match="line break"):
+            await client.fetch(request)
+
+    run_with_client(body)
+    assert upstream.requests == []
+
+
+# --- the chunked decoder on its own --------------------------------------------------------------
+
+
+def test_the_dechunker_gives_the_same_payload_whatever_the_split() -> None:
+    payload = bytes(range(256)) * 3
+    encoded = b"".join(
+        f"{n:X}\r\n".encode() + payload[i : i + n] + b"\r\n" for i, n in ((0, 1), (1, 300), (301, 467))
+    )
+    encoded += b"0\r\n\r\n"
+    for split in range(len(encoded) + 1):
+        decoder = _Dechunker()
+        out = decoder.feed(encoded[:split]) + decoder.feed(encoded[split:])
+        assert out == payload and decoder.done
+
+
+def test_the_dechunker_refuses_an_endless_size_line_and_bytes_after_the_end() -> None:
+    with pytest.raises(UpstreamProtocolError, match="too long"):
+        _Dechunker().feed(b"1" * 2000)
+    with pytest.raises(UpstreamProtocolError, match="after the end"):
+        _Dechunker().feed(b"0\r\n\r\nextra")
+    with pytest.raises(UpstreamProtocolError):
+        _Dechunker().feed(b"12345678901234567\r\n")
