@@ -1,8 +1,15 @@
 """`GET /healthz` and the web console: static files with the SPA fallback to index.html.
 
 Every GET that is not /api, /mcp or /v1 serves the console; an unknown path
-gets `index.html` so client-side routes survive a reload. `index.html` is never
-cached (it names the assets); other assets may be.
+gets `index.html` so client-side routes survive a reload, except under the asset
+folders (`js/`, `css/`, `vendor/`), where a missing file is a 404 (a module the
+browser asked for must never be answered with HTML).
+
+Caching: every file is served with `Cache-Control: no-cache` and an ETag, so the
+browser revalidates each time (a 304 when unchanged) and an upgrade never shows
+a stale console. The console's HTML also gets a strict Content-Security-Policy:
+scripts, styles and connections from this origin only, no inline script, no
+framing.
 """
 
 from __future__ import annotations
@@ -25,6 +32,13 @@ def static_dir() -> Path:
     raise RuntimeError("the console's static files are missing (static/index.html)")
 
 
+ASSET_DIRS = ("js/", "css/", "vendor/")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+
+
 class HealthHandler(tornado.web.RequestHandler):
     """Liveness only, no auth."""
 
@@ -44,13 +58,18 @@ class ConsoleHandler(tornado.web.StaticFileHandler):
     async def get(self, path: str, include_body: bool = True) -> None:
         full = os.path.join(self.root, path)
         if not path or not os.path.isfile(full) or os.path.islink(full):
+            if path.startswith(ASSET_DIRS):
+                raise tornado.web.HTTPError(404)
             path = "index.html"
         await super().get(path, include_body)
 
     def set_extra_headers(self, path: str) -> None:
         self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Cache-Control", "no-cache")
+        self.set_header("Referrer-Policy", "no-referrer")
         if path.endswith(".html"):
-            self.set_header("Cache-Control", "no-cache")
+            self.set_header("Content-Security-Policy", CSP)
+            self.set_header("X-Frame-Options", "DENY")
 
     @classmethod
     def get_cache_time(cls, path: str, modified: Any, mime_type: str) -> int:

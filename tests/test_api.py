@@ -66,9 +66,33 @@ def test_spa_fallback_serves_index_for_client_routes(shared_server: Server) -> N
     deep = shared_server.fetch("/models/abc/settings", token=None)
     assert deep.status_code == 200
     assert deep.text == index.text
-    asset = shared_server.fetch("/app.js", token=None)
+    asset = shared_server.fetch("/js/main.js", token=None)
     assert asset.status_code == 200
     assert "javascript" in asset.headers["content-type"]
+
+
+def test_a_missing_console_asset_is_404_not_the_index(shared_server: Server) -> None:
+    for path in ("/js/nope.js", "/css/nope.css", "/js/pages/nope.js", "/vendor/x.js"):
+        r = shared_server.fetch(path, token=None)
+        assert r.status_code == 404, path
+        assert "<title>vllm-use</title>" not in r.text
+
+
+def test_console_files_are_revalidated_so_an_upgrade_is_never_stale(shared_server: Server) -> None:
+    for path in ("/", "/index.html", "/js/main.js", "/css/console.css"):
+        r = shared_server.fetch(path, token=None)
+        assert r.status_code == 200, path
+        assert r.headers["cache-control"] == "no-cache", path
+        etag = r.headers["etag"]
+        again = shared_server.fetch(path, token=None, headers={"If-None-Match": etag})
+        assert again.status_code == 304, path
+
+
+def test_the_console_page_has_a_strict_content_security_policy(shared_server: Server) -> None:
+    r = shared_server.fetch("/runtime", token=None)
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+    assert r.headers["x-frame-options"] == "DENY"
 
 
 def test_spa_fallback_does_not_escape_static_dir(shared_server: Server) -> None:

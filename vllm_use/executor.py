@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from vllm_use.context import AppContext, Call
 from vllm_use.errors import InvalidArguments, NotFound, PermissionDenied, VllmUseError
@@ -21,12 +21,24 @@ from vllm_use.scopes import Identity, Surface
 log = logging.getLogger(__name__)
 
 
-def validation_error(exc: ValidationError) -> InvalidArguments:
-    """Field paths and messages only: input values (maybe secrets) are never echoed."""
-    errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+def validation_error(exc: ValidationError, model: type[BaseModel] | None = None) -> InvalidArguments:
+    """Field paths and messages only: input values (maybe secrets) are never echoed.
+
+    A regex mismatch is explained with the field's description (pydantic would quote the
+    pattern, which tells a person in a browser nothing).
+    """
+    errors = [{"loc": list(e["loc"]), "msg": _readable(e, model), "type": e["type"]} for e in exc.errors()]
     first = errors[0]
     where = ".".join(str(p) for p in first["loc"]) or "(body)"
     return InvalidArguments(f"invalid arguments: {where}: {first['msg']}", errors=errors)
+
+
+def _readable(error: Any, model: type[BaseModel] | None) -> str:
+    if error["type"] == "string_pattern_mismatch" and model is not None and len(error["loc"]) == 1:
+        field = model.model_fields.get(str(error["loc"][0]))
+        if field is not None and field.description:
+            return f"not of the expected form: {field.description}"
+    return error["msg"]
 
 
 class Executor:
@@ -56,7 +68,7 @@ class Executor:
             try:
                 parsed = method.input.model_validate({} if args is None else args)
             except ValidationError as exc:
-                raise validation_error(exc) from None
+                raise validation_error(exc, method.input) from None
             assert identity is not None
             return await method.execute(Call(self.app, identity, surface), parsed)
         except VllmUseError as exc:

@@ -51,14 +51,14 @@ class HuggingFaceArgs(Args):
         min_length=3,
         max_length=models.REPO_MAX,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
-        description="owner/name on the Hub",
+        description="owner/name on the Hub (letters, digits, '.', '_', '-')",
     )
     revision: str = Field(
         default="main",
         min_length=1,
         max_length=models.REVISION_MAX,
         pattern=r"^[^\s\x00-\x1f\x7f-\x9f-][^\s\x00-\x1f\x7f-\x9f]*$",
-        description="branch, tag or commit",
+        description="a branch, tag or commit: no spaces or control characters, not starting with '-'",
     )
     name: ModelName | None = None
 

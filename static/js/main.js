@@ -1,0 +1,157 @@
+// The console's shell: sign-in gate, navigation, client-side routes, page lifecycle.
+//
+// Each page is a module in js/pages/ exporting `render(root, page)`: it fills `root` and may
+// push functions onto `page.cleanup` (timers, event streams) and pass `page.signal` to fetches;
+// both are run/aborted when the user leaves the page. Routes are the table below.
+
+import { api } from "./api.js";
+import { credential, forget } from "./session.js";
+import { initTheme } from "./theme.js";
+import { clear, h, humanError } from "./ui.js";
+
+const ROUTES = [
+  { path: "/", title: "Overview", module: "./pages/overview.js" },
+  { path: "/models", title: "Models", module: "./pages/models.js" },
+  { path: "/downloads", title: "Downloads", module: "./pages/downloads.js" },
+  { path: "/runtime", title: "Runtime", module: "./pages/runtime.js" },
+  { path: "/keys", title: "API keys", module: "./pages/keys.js" },
+  { path: "/requests", title: "Requests", module: "./pages/requests.js" },
+  { path: "/settings", title: "Settings", module: "./pages/settings.js" },
+  { path: "/mcp", title: "MCP", module: "./pages/mcp.js" },
+];
+const SIGNIN = { path: "/signin", title: "Sign in", module: "./pages/signin.js" };
+
+const root = document.getElementById("page");
+const nav = document.getElementById("nav");
+const topbar = document.getElementById("topbar");
+const menuButton = document.getElementById("menu-button");
+let current = null; // { cleanup: [], controller }
+let signinReason = "";
+
+function routeFor(pathname) {
+  if (!credential()) return SIGNIN;
+  return ROUTES.find((r) => r.path === pathname) || (pathname === "/signin" ? ROUTES[0] : null);
+}
+
+function buildNav() {
+  clear(nav, h("ul", ROUTES.map((r) => h("li", h("a", { href: r.path, "data-route": r.path }, r.title)))));
+}
+
+function markNav(path) {
+  for (const link of nav.querySelectorAll("a")) {
+    if (link.dataset.route === path) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+}
+
+export async function show(pathname, { replace = false, push = true } = {}) {
+  if (current) {
+    for (const fn of current.cleanup) {
+      try { fn(); } catch (_) { /* a page's cleanup must not block leaving it */ }
+    }
+    current.controller.abort();
+  }
+  const route = routeFor(pathname);
+  const signedIn = route !== SIGNIN;
+  topbar.hidden = !signedIn;
+  nav.hidden = !signedIn;
+  const target = route ? route.path : pathname;
+  if (push && location.pathname !== target) {
+    history[replace ? "replaceState" : "pushState"]({}, "", target);
+  }
+  document.title = route ? `${route.title} · vllm-use` : "Not found · vllm-use";
+  markNav(route && route.path);
+  closeMenu();
+  const controller = new AbortController();
+  const page = { cleanup: [], controller, signal: controller.signal, reason: signinReason };
+  current = page;
+  if (!route) {
+    clear(root, h("header.page-header", h("h1", "Page not found")),
+      h("p", "There is no page at this address. ", h("a", { href: "/" }, "Go to the overview.")));
+    return;
+  }
+  try {
+    const module = await import(route.module);
+    if (current !== page) return; // the user moved on while the module loaded
+    clear(root);
+    await module.render(root, page);
+  } catch (error) {
+    if (error && error.name === "AbortError") return;
+    if (current !== page) return;
+    if (error && error.status === 401) return; // the sign-in page is on its way
+    clear(root, h("header.page-header", h("h1", route.title)),
+      h("p.error-text", { role: "alert" }, `This page could not be shown: ${humanError(error)}`));
+  }
+  if (signedIn) root.focus({ preventScroll: true });
+}
+
+function closeMenu() {
+  document.body.classList.remove("menu-open");
+  menuButton.setAttribute("aria-expanded", "false");
+}
+
+function signOut(reason = "") {
+  forget();
+  signinReason = reason;
+  show("/signin", { replace: true });
+}
+
+// Every page calls the API; a 401 from any of them lands here.
+window.addEventListener("vllm-use:unauthenticated", (event) => {
+  if (!credential() || location.pathname === "/signin") return; // the sign-in page says it itself
+  signOut(`You were signed out: ${event.detail || "the credential is no longer accepted"}.`);
+});
+
+// Internal links navigate without a reload.
+document.addEventListener("click", (event) => {
+  const link = event.target.closest("a[href]");
+  if (!link || event.defaultPrevented || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey) return;
+  const url = new URL(link.href, location.href);
+  if (url.origin !== location.origin || url.pathname.startsWith("/api") || link.target || link.hasAttribute("download")) return;
+  event.preventDefault();
+  show(url.pathname);
+});
+
+window.addEventListener("popstate", () => show(location.pathname, { push: false }));
+
+menuButton.addEventListener("click", () => {
+  const open = !document.body.classList.contains("menu-open");
+  document.body.classList.toggle("menu-open", open);
+  menuButton.setAttribute("aria-expanded", String(open));
+});
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape") closeMenu();
+});
+
+document.getElementById("signout-button").addEventListener("click", () => signOut("You signed out."));
+
+// Called by the sign-in page once a credential works.
+window.addEventListener("vllm-use:signed-in", () => {
+  signinReason = "";
+  const wanted = sessionStorage.getItem("vllm-use.after-signin") || "/";
+  sessionStorage.removeItem("vllm-use.after-signin");
+  show(ROUTES.some((r) => r.path === wanted) ? wanted : "/", { replace: true });
+});
+
+// A small runtime indicator in the top bar, refreshed while signed in.
+async function refreshStatus() {
+  const slot = document.getElementById("topbar-status");
+  if (!credential() || document.visibilityState !== "visible") return;
+  try {
+    const status = await api("GET", "/runtime");
+    const model = status.model ? ` · ${status.model}` : "";
+    slot.textContent = `vLLM: ${status.state}${model}`;
+    slot.dataset.state = status.state;
+  } catch (_) {
+    slot.textContent = "";
+  }
+}
+
+initTheme();
+buildNav();
+if (!credential() && location.pathname !== "/signin") {
+  sessionStorage.setItem("vllm-use.after-signin", location.pathname);
+}
+show(location.pathname, { replace: true });
+refreshStatus();
+setInterval(refreshStatus, 5000);

@@ -1,0 +1,6 @@
+// Placeholder until this page is written (issue 6).
+import { pageHeader } from "../ui.js";
+
+export async function render(root) {
+  root.append(pageHeader("settings", "Not written yet."));
+}

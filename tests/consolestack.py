@@ -1,0 +1,79 @@
+"""A whole vllm-use for the web console: a real server with the fake `vllm` and the real `hf` on a fake hub.
+
+Used by the browser tests (tests/test_console*.py) and by `tools/dev_console.py`, which keeps one
+running for working on `static/` by hand. The hub publishes:
+
+- `acme/tiny-chat` (main): config.json, tokenizer.json and a 24 MiB model.safetensors served at
+  about 8 MiB/s, so a download shows live progress for a few seconds;
+- `acme/instant` (main): a few small files, downloaded at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import Server, free_port, start_server
+from tests.fakehub import FakeHub
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_VLLM = REPO / "tools" / "fake_vllm.py"
+HF = str(Path(sys.executable).with_name("hf"))
+MiB = 1024 * 1024
+SLOW_REPO = "acme/tiny-chat"
+FAST_REPO = "acme/instant"
+
+
+@dataclass
+class Stack:
+    server: Server
+    hub: FakeHub
+    runtime_port: int
+
+    @property
+    def url(self) -> str:
+        return self.server.base_url
+
+
+def publish(hub: FakeHub) -> None:
+    config = json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}).encode()
+    hub.add_repo(
+        SLOW_REPO,
+        {
+            "config.json": config,
+            "tokenizer.json": b'{"version": "1.0"}',
+            "model.safetensors": b"\0" * (24 * MiB),
+        },
+    )
+    hub.slow(SLOW_REPO, "model.safetensors", bytes_per_second=8 * MiB)
+    hub.add_repo(FAST_REPO, {"config.json": config, "model.safetensors": b"\1" * 4096})
+
+
+@contextmanager
+def console_stack(root: Path, *flags: str) -> Iterator[Stack]:
+    """Start the hub and the server under `root`; stop both (and the runtime) afterwards."""
+    with FakeHub() as hub:
+        publish(hub)
+        runtime_port = free_port()
+        server = start_server(
+            root / "data",
+            "--vllm-bin",
+            str(FAKE_VLLM),
+            "--hf-bin",
+            HF,
+            "--runtime-port",
+            str(runtime_port),
+            *flags,
+            env={"HF_ENDPOINT": hub.url, "HF_HOME": str(root / "hfhome")},
+        )
+        try:
+            yield Stack(server, hub, runtime_port)
+        finally:
+            try:
+                server.fetch("/api/runtime/stop", "POST")
+            finally:
+                server.stop()
