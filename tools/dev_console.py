@@ -9,6 +9,7 @@ Ctrl-C. Edit files under static/ and reload the page: they are served as they ar
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import time
@@ -20,7 +21,13 @@ sys.path.insert(0, str(REPO))
 from tests.consolestack import console_stack  # noqa: E402
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """`kill` (SIGTERM) stops it as Ctrl-C does, so the server, the hub and the temp dir go too."""
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seconds", type=float, default=0, help="stop after this long (0: on Ctrl-C)")
     opts = parser.parse_args()

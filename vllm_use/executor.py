@@ -7,6 +7,7 @@ back; they never check scopes or touch the database themselves.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -34,11 +35,24 @@ def validation_error(exc: ValidationError, model: type[BaseModel] | None = None)
 
 
 def _readable(error: Any, model: type[BaseModel] | None) -> str:
-    if error["type"] == "string_pattern_mismatch" and model is not None and len(error["loc"]) == 1:
-        field = model.model_fields.get(str(error["loc"][0]))
-        if field is not None and field.description:
-            return f"not of the expected form: {field.description}"
+    if error["type"] == "string_pattern_mismatch" and model is not None and error["loc"]:
+        description = _descriptions(model).get(str(error["loc"][0]))
+        if description:
+            return f"not of the expected form: {description}"
     return error["msg"]
+
+
+@functools.cache
+def _descriptions(model: type[BaseModel]) -> dict[str, str]:
+    """Each top-level field's description, also when it sits inside an optional (`X | None`)."""
+    out: dict[str, str] = {}
+    for name, prop in model.model_json_schema().get("properties", {}).items():
+        found = prop.get("description") or next(
+            (alt["description"] for alt in prop.get("anyOf", []) if alt.get("description")), None
+        )
+        if found:
+            out[name] = found
+    return out
 
 
 class Executor:

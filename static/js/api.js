@@ -54,11 +54,15 @@ export async function api(method, path, body = undefined, { query, signal } = {}
   }
   if (response.ok) return payload;
   const error = (payload && payload.error) || {};
+  // Invalid arguments list each field's problem in `errors`; other errors about one field
+  // (a conflict on a path, say) name it in `loc`.
+  let errors = error.errors || [];
+  if (!errors.length && Array.isArray(error.loc) && error.loc.length) errors = [{ loc: error.loc, msg: error.message }];
   const failure = new ApiError(
     response.status,
     error.code || `http_${response.status}`,
     error.message || `The server answered ${response.status}.`,
-    error.errors || [],
+    errors,
   );
   if (response.status === 401) {
     window.dispatchEvent(new CustomEvent("vllm-use:unauthenticated", { detail: failure.message }));

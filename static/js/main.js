@@ -17,7 +17,7 @@ const ROUTES = [
   { path: "/keys", title: "API keys", module: "./pages/keys.js" },
   { path: "/requests", title: "Requests", module: "./pages/requests.js" },
   { path: "/settings", title: "Settings", module: "./pages/settings.js" },
-  { path: "/mcp", title: "MCP", module: "./pages/mcp.js" },
+  { path: "/mcp-setup", title: "MCP", module: "./pages/mcp.js" },
 ];
 const SIGNIN = { path: "/signin", title: "Sign in", module: "./pages/signin.js" };
 
@@ -44,7 +44,10 @@ function markNav(path) {
   }
 }
 
-export async function show(pathname, { replace = false, push = true } = {}) {
+// `target` is a path, possibly with a query string (/downloads?model=…), which pages read from location.
+export async function show(target, { replace = false, push = true } = {}) {
+  const url = new URL(target, location.origin);
+  const pathname = url.pathname;
   if (current) {
     for (const fn of current.cleanup) {
       try { fn(); } catch (_) { /* a page's cleanup must not block leaving it */ }
@@ -55,9 +58,9 @@ export async function show(pathname, { replace = false, push = true } = {}) {
   const signedIn = route !== SIGNIN;
   topbar.hidden = !signedIn;
   nav.hidden = !signedIn;
-  const target = route ? route.path : pathname;
-  if (push && location.pathname !== target) {
-    history[replace ? "replaceState" : "pushState"]({}, "", target);
+  const wanted = route ? route.path + (route === SIGNIN ? "" : url.search) : pathname + url.search;
+  if (push && location.pathname + location.search !== wanted) {
+    history[replace ? "replaceState" : "pushState"]({}, "", wanted);
   }
   document.title = route ? `${route.title} · vllm-use` : "Not found · vllm-use";
   markNav(route && route.path);
@@ -109,10 +112,10 @@ document.addEventListener("click", (event) => {
   const url = new URL(link.href, location.href);
   if (url.origin !== location.origin || url.pathname.startsWith("/api") || link.target || link.hasAttribute("download")) return;
   event.preventDefault();
-  show(url.pathname);
+  show(url.pathname + url.search);
 });
 
-window.addEventListener("popstate", () => show(location.pathname, { push: false }));
+window.addEventListener("popstate", () => show(location.pathname + location.search, { push: false }));
 
 menuButton.addEventListener("click", () => {
   const open = !document.body.classList.contains("menu-open");
@@ -130,7 +133,8 @@ window.addEventListener("vllm-use:signed-in", () => {
   signinReason = "";
   const wanted = sessionStorage.getItem("vllm-use.after-signin") || "/";
   sessionStorage.removeItem("vllm-use.after-signin");
-  show(ROUTES.some((r) => r.path === wanted) ? wanted : "/", { replace: true });
+  const known = ROUTES.some((r) => r.path === new URL(wanted, location.origin).pathname);
+  show(known ? wanted : "/", { replace: true });
 });
 
 // A small runtime indicator in the top bar, refreshed while signed in.
@@ -139,8 +143,7 @@ async function refreshStatus() {
   if (!credential() || document.visibilityState !== "visible") return;
   try {
     const status = await api("GET", "/runtime");
-    const model = status.model ? ` · ${status.model}` : "";
-    slot.textContent = `vLLM: ${status.state}${model}`;
+    slot.textContent = `vLLM: ${status.state}`;
     slot.dataset.state = status.state;
   } catch (_) {
     slot.textContent = "";
@@ -150,8 +153,8 @@ async function refreshStatus() {
 initTheme();
 buildNav();
 if (!credential() && location.pathname !== "/signin") {
-  sessionStorage.setItem("vllm-use.after-signin", location.pathname);
+  sessionStorage.setItem("vllm-use.after-signin", location.pathname + location.search);
 }
-show(location.pathname, { replace: true });
+show(location.pathname + location.search, { replace: true });
 refreshStatus();
 setInterval(refreshStatus, 5000);

@@ -1,0 +1,121 @@
+"""Playwright (Python) driving Debian's Chromium, for the console's browser tests.
+
+`launch()` starts the system `chromium` (never a browser downloaded by `playwright install`).
+`Watched` wraps a page and records what must not happen in any test: console errors, uncaught
+exceptions, failed requests, and HTTP errors from our server, except those a test declares it
+provokes on purpose (`page.expect_http_error(400)` before typing a bad value). `assert_clean()`
+fails the test with the list.
+
+`screenshot(page, name)` writes `docs/screenshots/<name>.png`, the pictures the README shows.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import (
+    Browser,
+    ConsoleMessage,
+    Page,
+    Playwright,
+    Request,
+    Response,
+    expect,
+    sync_playwright,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SCREENSHOTS = REPO / "docs" / "screenshots"
+# What Chromium logs for any fetch answered with an HTTP error; matched against expected statuses.
+_HTTP_CONSOLE = re.compile(r"Failed to load resource: the server responded with a status of (\d{3})")
+
+
+@contextmanager
+def launch() -> Iterator[tuple[Playwright, Browser]]:
+    executable = shutil.which("chromium")
+    assert executable, "Debian's chromium is not installed (make test installs it: `make chromium`)"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, args=["--no-sandbox", "--headless", "--disable-gpu"]
+        )
+        try:
+            yield playwright, browser
+        finally:
+            browser.close()
+
+
+@dataclass
+class Watched:
+    page: Page
+    origin: str
+    problems: list[str] = field(default_factory=list)
+    expected: list[int] = field(default_factory=list)  # HTTP statuses the test provokes on purpose
+
+    def __post_init__(self) -> None:
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda exc: self.problems.append(f"uncaught: {exc}"))
+        self.page.on("requestfailed", self._failed)
+        self.page.on("response", self._response)
+
+    def expect_http_error(self, *statuses: int) -> None:
+        self.expected.extend(statuses)
+
+    def _console(self, message: ConsoleMessage) -> None:
+        if message.type not in ("error", "warning"):
+            return
+        found = _HTTP_CONSOLE.search(message.text)
+        if found and int(found.group(1)) in self.expected:
+            return  # the browser's own line for a response we expected
+        self.problems.append(f"console {message.type}: {message.text} ({message.location.get('url', '')})")
+
+    def _failed(self, request: Request) -> None:
+        failure = request.failure or ""
+        # Leaving a page aborts its in-flight fetches and event stream on purpose (AbortController).
+        if "ERR_ABORTED" in failure and request.url.startswith(self.origin + "/api/"):
+            return
+        self.problems.append(f"request failed: {request.method} {request.url} {failure}")
+
+    def _response(self, response: Response) -> None:
+        if not response.url.startswith(self.origin) or response.status < 400:
+            return
+        if response.status in self.expected:
+            return
+        self.problems.append(f"HTTP {response.status}: {response.request.method} {response.url}")
+
+    def assert_clean(self) -> None:
+        assert not self.problems, "\n".join(self.problems)
+
+
+def new_page(browser: Browser, origin: str, **context: Any) -> Watched:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860}, **context)
+    ctx.set_default_timeout(15_000)
+    return Watched(ctx.new_page(), origin)
+
+
+def sign_in(watched: Watched, credential: str, path: str = "/") -> None:
+    page = watched.page
+    page.goto(watched.origin + path)
+    page.get_by_label("Admin token or key").fill(credential)
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("button", name="Sign out").wait_for()
+
+
+def settled(page: Page) -> None:
+    """The page's heading is up and no placeholder is left (pages poll and stream, so the network
+    is never idle)."""
+    page.locator("main h1").first.wait_for()
+    expect(page.locator("[aria-busy=true]")).to_have_count(0)  # (no wait_for_function: the CSP forbids eval)
+    page.wait_for_timeout(300)
+
+
+def screenshot(page: Page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True, animations="disabled")
+    return path
