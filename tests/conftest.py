@@ -161,3 +161,12 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_server(tmp_path_factory.mktemp("shared") / "data")
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium driven by Playwright (tests/browser.py), one per test module."""
+    from tests.browser import launch
+
+    with launch() as (_, chromium):
+        yield chromium

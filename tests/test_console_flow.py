@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.browser import Watched, launch, new_page, screenshot, settled, sign_in
+from tests.browser import Watched, new_page, screenshot, settled, sign_in
 from tests.consolestack import SLOW_REPO, Stack, console_stack
 
 PAGES = {
@@ -35,12 +35,6 @@ PAGES = {
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with console_stack(tmp_path_factory.mktemp("console-flow")) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch() as (_, chromium):
-        yield chromium
 
 
 @pytest.fixture

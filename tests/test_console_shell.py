@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.browser import Watched, launch, new_page, settled, sign_in
+from tests.browser import Watched, new_page, settled, sign_in
 from tests.consolestack import Stack, console_stack
 
 PAGES = ["/", "/models", "/downloads", "/runtime", "/keys", "/requests", "/settings", "/mcp-setup"]
@@ -21,12 +21,6 @@ PAGES = ["/", "/models", "/downloads", "/runtime", "/keys", "/requests", "/setti
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with console_stack(tmp_path_factory.mktemp("console-shell")) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch() as (_, chromium):
-        yield chromium
 
 
 @pytest.fixture

@@ -101,6 +101,15 @@ export function showFieldErrors(form, error) {
   return placed;
 }
 
+// After a failed call from a form: field errors under their fields, anything else in `slot`, and
+// focus on the first invalid field. Aborts and 401s are left alone (the sign-in page takes over).
+export function reportFailure(form, slot, err) {
+  if (err.name === "AbortError" || err.status === 401) return;
+  if (!showFieldErrors(form, err)) showError(slot, err);
+  const invalid = form.querySelector("[aria-invalid='true']");
+  if (invalid) invalid.focus();
+}
+
 // A labelled form field.
 export function field(label, input, hint) {
   if (!input.id) input.id = `f-${Math.random().toString(36).slice(2, 9)}`;

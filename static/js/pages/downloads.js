@@ -12,10 +12,7 @@
 // DOM hooks for tests: each task is <article class="download" data-download-id="…"
 // data-model-id="…" data-status="…" data-stalled="true|false">; its log is <pre class="log">.
 import { api, events } from "../api.js";
-import {
-  badge, clear, empty, errorSlot, every, field, formatBytes, formatDuration, formatTime, h,
-  humanError, pageHeader, placeholder, progressBar, setProgress, showError, showFieldErrors, toast,
-} from "../ui.js";
+import { badge, clear, empty, errorSlot, every, field, formatBytes, formatDuration, formatTime, h, humanError, pageHeader, placeholder, progressBar, reportFailure, setProgress, showError, showFieldErrors, toast } from "../ui.js";
 
 const ACTIVE = new Set(["pending", "running"]);
 const RETRYABLE = new Set(["failed", "canceled"]);
@@ -236,10 +233,7 @@ function startForm(signal, models, onStarted) {
         : `Download of ${name} started.`, "ok");
       onStarted(task);
     } catch (err) {
-      if (err.name === "AbortError" || err.status === 401) return;
-      if (!showFieldErrors(form, err)) showError(error, err);
-      const invalid = form.querySelector("[aria-invalid='true']");
-      if (invalid) invalid.focus();
+      reportFailure(form, error, err);
     } finally {
       submit.disabled = false;
     }

@@ -10,10 +10,7 @@
 // DOM hooks for tests: each table row is <tr data-model-id="…" data-status="…">; the delete
 // dialog is <dialog class="dialog model-delete-dialog">.
 import { api } from "../api.js";
-import {
-  badge, clear, empty, errorSlot, every, field, formatBytes, h, humanError, pageHeader, placeholder,
-  showError, showFieldErrors, toast,
-} from "../ui.js";
+import { badge, clear, empty, errorSlot, every, field, formatBytes, h, humanError, pageHeader, placeholder, reportFailure, showError, showFieldErrors, toast } from "../ui.js";
 
 // Model statuses from which downloads.start accepts a Hugging Face model.
 const DOWNLOADABLE = new Set(["registered", "failed", "canceled"]);
@@ -265,10 +262,7 @@ async function send(form, submit, error, call, onDone) {
     const result = await call();
     await onDone(result);
   } catch (err) {
-    if (err.name === "AbortError" || err.status === 401) return;
-    if (!showFieldErrors(form, err)) showError(error, err);
-    const invalid = form.querySelector("[aria-invalid='true']");
-    if (invalid) invalid.focus();
+    reportFailure(form, error, err);
   } finally {
     submit.disabled = false;
   }

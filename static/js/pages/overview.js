@@ -13,7 +13,7 @@ export async function render(root, page) {
         api("GET", "/runtime", undefined, { signal: page.signal }),
         api("GET", "/models", undefined, { signal: page.signal }),
       ]);
-      clear(body, runtimeCard(runtime), countsCard(dash.counts, models.models), systemCard(dash.system),
+      clear(body, runtimeCard(runtime, models.models), countsCard(dash.counts, models.models), systemCard(dash.system),
         gpuSection(dash.gpus));
     } catch (error) {
       if (error.name === "AbortError" || error.status === 401) return;
@@ -24,8 +24,10 @@ export async function render(root, page) {
   every(5000, refresh, page);
 }
 
-function runtimeCard(rt) {
-  const rows = [["State", badge(rt.state)], ["Model", rt.model || "—"]];
+function runtimeCard(rt, models) {
+  // A registered model by its name; a model started by path or Hub id as it was given.
+  const registered = models.find((m) => m.id === rt.active_model_id);
+  const rows = [["State", badge(rt.state)], ["Model", registered ? registered.name : rt.model || "—"]];
   if (rt.pid) rows.push(["PID", String(rt.pid)]);
   if (rt.port) rows.push(["Port", String(rt.port)]);
   if (rt.uptime_s !== null && rt.uptime_s !== undefined) rows.push(["Up for", formatDuration(rt.uptime_s)]);
