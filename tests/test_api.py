@@ -72,7 +72,14 @@ def test_spa_fallback_serves_index_for_client_routes(shared_server: Server) -> N
 
 
 def test_a_missing_console_asset_is_404_not_the_index(shared_server: Server) -> None:
-    for path in ("/js/nope.js", "/css/nope.css", "/js/pages/nope.js", "/vendor/x.js"):
+    for path in (
+        "/js/nope.js",
+        "/css/nope.css",
+        "/js/pages/nope.js",
+        "/vendor/x.js",
+        "/package.json",
+        "/node_modules/marked/package.json",
+    ):
         r = shared_server.fetch(path, token=None)
         assert r.status_code == 404, path
         assert "<title>vllm-use</title>" not in r.text

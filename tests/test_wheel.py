@@ -105,6 +105,17 @@ def wheel_server(installed: Installed) -> Iterator[Server]:
         assert server.stop() == 0, server.log()
 
 
+def console_files() -> list[str]:
+    """The files under static/ that ship (npm's package files and node_modules stay behind)."""
+    root = REPO / "static"
+    found = [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()]
+    return [
+        f
+        for f in found
+        if not f.startswith("node_modules/") and f not in ("package.json", "package-lock.json")
+    ]
+
+
 def index_html() -> str:
     return (REPO / "static" / "index.html").read_text()
 
@@ -115,10 +126,11 @@ def test_wheel_contains_the_console_and_every_handler_module(installed: Installe
         assert zf.read("vllm_use/static/index.html").decode() == index_html()
     for name in ("vllm_use/static/index.html", "handlers/api.py", "handlers/mcp.py", "handlers/static.py"):
         assert name in names
-    for asset in (REPO / "static").rglob("*"):
-        if asset.is_file():
-            assert "vllm_use/static/" + asset.relative_to(REPO / "static").as_posix() in names
+    for asset in console_files():
+        assert "vllm_use/static/" + asset in names
+    assert "vllm_use/static/vendor/marked.esm.js" in names  # make console-libs ran before the build
     assert not any(name.startswith("tests/") for name in names)
+    assert not any(n.startswith(("vllm_use/static/node_modules/", "vllm_use/static/package")) for n in names)
 
 
 def test_installed_package_is_imported_from_the_new_venv(installed: Installed) -> None:
@@ -167,11 +179,11 @@ def test_installed_server_falls_back_to_the_console_for_client_routes(wheel_serv
 
 
 def test_installed_server_serves_console_assets(wheel_server: Server) -> None:
-    for asset in (REPO / "static").iterdir():
-        if asset.is_file() and asset.name != "index.html":
-            r = wheel_server.fetch("/" + asset.name, token=None)
-            assert r.status_code == 200, asset.name
-            assert r.content == asset.read_bytes()
+    for asset in console_files():
+        if asset != "index.html":
+            r = wheel_server.fetch("/" + asset, token=None)
+            assert r.status_code == 200, asset
+            assert r.content == (REPO / "static" / asset).read_bytes()
 
 
 def test_installed_server_answers_unknown_api_paths_with_json_404(wheel_server: Server) -> None:
