@@ -84,6 +84,7 @@ class GatewayHandler(JsonHandler):
         self._client_gone = False
         self.session: StreamSession | None = None
         self._upstream_broke = False
+        self._stopped = False  # canceled by DELETE /v1/stream
         # set_default_headers ran in __init__, before request_id existed (it runs again after clear()).
         self.set_header("X-Request-ID", self.request_id)
 
@@ -212,6 +213,11 @@ class GatewayHandler(JsonHandler):
             # an upstream HTTP status arrives as a response, never as an exception.
             if self._client_gone:
                 return
+            if self.session is not None and self.session.is_cancelled:
+                # DELETE /v1/stream stopped it: the owner canceled, the upstream did not fail.
+                self._stopped = True
+                self.request.connection.close()
+                return
             if not self._headers_sent:
                 self.fail(
                     UpstreamUnavailable(f"the upstream {self.app.upstream_origin()} is not answering ({exc})")
@@ -262,7 +268,7 @@ class GatewayHandler(JsonHandler):
         return self.flush()  # the next upstream read waits for this: no unbounded buffering
 
     def on_connection_close(self) -> None:
-        if self._upstream_broke:
+        if self._upstream_broke or self._stopped:
             return  # we closed it
         self._client_gone = True
         if self._upstream is not None and self.session is None:
@@ -277,7 +283,11 @@ class GatewayHandler(JsonHandler):
             method=self.request.method or "",
             path=self.request.path,
             model=self.model_sent,
-            status=502 if self._upstream_broke else 499 if self._client_gone else self.get_status(),
+            status=502
+            if self._upstream_broke
+            else 499
+            if self._client_gone or self._stopped
+            else self.get_status(),
             duration_ms=(time.perf_counter() - self.started) * 1000,
             stream=self.streamed,
         )

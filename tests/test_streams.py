@@ -139,6 +139,29 @@ def test_delete_stops_the_generation_and_is_idempotent(gateway: Any) -> None:
     eventually(lambda: b"Aborted request" in gateway.fake_log.read_bytes(), timeout=5)
 
 
+def test_a_stream_stopped_by_delete_while_its_client_reads_is_audited_as_canceled(gateway: Any) -> None:
+    """The owner stopped it (499), the upstream did not fail (not 502); the reader sees an
+    incomplete response, never a clean end of a truncated stream."""
+    key = gateway.keys[0]
+    headers = {**auth(key, "conv-stop"), "X-Request-ID": "stop-while-reading"}
+    with httpx.Client(trust_env=False, timeout=30) as reader, httpx.Client(trust_env=False) as other:
+        with reader.stream("POST", gateway.base_url + "/v1/chat/completions", headers=headers, json=BODY) as r:
+            chunks = r.iter_raw()
+            next(chunks)
+            stop = other.delete(gateway.base_url + "/v1/stream?conv_id=conv-stop", headers=auth(key))
+            assert stop.status_code == 204
+            with pytest.raises(httpx.RemoteProtocolError):
+                for _ in chunks:
+                    pass
+
+    def record() -> list[dict[str, Any]]:
+        recent = gateway.fetch("/api/requests/recent").json()["requests"]
+        return [x for x in recent if x["request_id"] == "stop-while-reading"]
+
+    (audited,) = eventually(record, timeout=5)
+    assert audited["status"] == 499
+
+
 def test_bad_offsets_are_400(gateway: Any) -> None:
     key = gateway.keys[0]
     with httpx.Client(trust_env=False, timeout=30) as client:

@@ -12,7 +12,10 @@ export function remember(value, persistent) {
   (persistent ? localStorage : sessionStorage).setItem(KEY, value);
 }
 
+// Signing out forgets the admin credential and the chat's playground key kept beside it.
 export function forget() {
-  sessionStorage.removeItem(KEY);
-  localStorage.removeItem(KEY);
+  for (const key of [KEY, "vllm-use.playground-key"]) {
+    sessionStorage.removeItem(key);
+    localStorage.removeItem(key);
+  }
 }

@@ -1,0 +1,88 @@
+// How one message looks (docs/chat.md, Messages and Branches): `li.message` with data-message-id,
+// data-role and data-status; the text in `.message-body` (an answer as rendered Markdown, a prompt
+// as text); reasoning in a closed <details class="reasoning">; a footer with the state ("Stopped",
+// an error note), `.message-stats` (time to first token, tokens/s) and the actions (Edit,
+// Regenerate); a branch switcher where the message has siblings.
+//
+// `messageItem(message, actions)` builds the element; `updateItem(item, message)` refreshes it in
+// place while it streams (the <details> keeps its open/closed state).
+
+import { h } from "../ui.js";
+import { renderMarkdown } from "./markdown.js";
+
+const seconds = (ms) => `${(ms / 1000).toFixed(2)} s`;
+
+export function statsText(m) {
+  const parts = [];
+  if (m.firstTokenAt && m.startedAt) parts.push(`${seconds(Math.max(0, m.firstTokenAt - m.startedAt))} to first token`);
+  const tokens = m.usageTokens ?? m.tokens ?? 0;
+  const span = m.firstTokenAt && m.finishedAt ? (m.finishedAt - m.firstTokenAt) / 1000 : 0;
+  parts.push(tokens > 1 && span > 0 ? `${((tokens - 1) / span).toFixed(1)} tokens/s` : "— tokens/s");
+  parts.push(`${tokens} token${tokens === 1 ? "" : "s"}`);
+  return parts.join(" · ");
+}
+
+// `actions`: {siblings: [ids], onBranch(id), onEdit(message), onRegenerate(message), busy: bool}
+export function messageItem(message, actions) {
+  const item = h("li.message", { dataset: { messageId: message.id, role: message.role, status: message.status } });
+  const author = message.role === "user" ? "You" : message.model || "Assistant";
+  const head = h("div.message-head", h("span.message-author", author));
+  const { siblings = [] } = actions;
+  if (siblings.length > 1) {
+    const index = siblings.indexOf(message.id);
+    const go = (to) => actions.onBranch(siblings[to]);
+    head.append(h("div.branches", { role: "group", "aria-label": "Branches" },
+      h("button.button.small.quiet", { type: "button", "aria-label": "Previous branch", title: "Previous branch",
+        disabled: index <= 0, onclick: () => go(index - 1) }, "‹"),
+      h("span.branch-index", `${index + 1}/${siblings.length}`),
+      h("button.button.small.quiet", { type: "button", "aria-label": "Next branch", title: "Next branch",
+        disabled: index >= siblings.length - 1, onclick: () => go(index + 1) }, "›")));
+  }
+  const body = h("div.message-body");
+  const state = h("span.message-state");
+  const stats = h("span.message-stats", { hidden: true });
+  const buttons = h("div.message-actions");
+  if (message.role === "user") {
+    buttons.append(h("button.button.small", { type: "button", disabled: actions.busy,
+      onclick: () => actions.onEdit(message, item) }, "Edit"));
+  } else {
+    buttons.append(h("button.button.small", { type: "button", disabled: actions.busy,
+      onclick: () => actions.onRegenerate(message) }, "Regenerate"));
+  }
+  item.append(head, body, h("div.message-foot", state, stats, buttons));
+  item.parts = { body, state, stats, reasoning: null, rendered: null };
+  updateItem(item, message);
+  return item;
+}
+
+export function updateItem(item, m) {
+  const parts = item.parts;
+  item.dataset.status = m.status;
+  item.setAttribute("aria-busy", m.status === "streaming" ? "true" : "false");
+  if (m.role === "assistant" && m.reasoning) {
+    if (!parts.reasoning) {
+      const text = h("div.reasoning-body");
+      parts.reasoning = h("details.reasoning", h("summary", "Reasoning"), text);
+      parts.reasoning.text = text;
+      parts.body.before(parts.reasoning);
+    }
+    if (parts.reasoning.text.textContent !== m.reasoning) parts.reasoning.text.textContent = m.reasoning;
+  }
+  const content = m.content || "";
+  if (parts.rendered !== content) {
+    parts.rendered = content;
+    if (m.role === "assistant") renderMarkdown(parts.body, content);
+    else parts.body.textContent = content;
+  }
+  let state = "";
+  if (m.status === "streaming") state = m.firstTokenAt ? "Generating…" : "Waiting for the first token…";
+  else if (m.status === "stopped") state = "Stopped";
+  else if (m.status === "error") state = m.note || "The answer failed.";
+  parts.state.textContent = state;
+  parts.state.hidden = !state;
+  parts.state.classList.toggle("error-text", m.status === "error");
+  if (m.status === "stopped" && m.note) parts.state.title = m.note;
+  const finished = m.role === "assistant" && (m.status === "done" || m.status === "stopped") && m.startedAt;
+  parts.stats.hidden = !finished;
+  parts.stats.textContent = finished ? statsText(m) : "";
+}
