@@ -23,6 +23,10 @@ with ``api_key`` set (``vllm serve --api-key``) a request without exactly that B
 Knobs (set from the test thread; read by the handlers as they run):
 
     first_chunk_pause   seconds between a stream's first chunk and the rest (0: none)
+    word_interval       seconds between the streamed words of a chat completion (0: none)
+    reasoning           a streamed chat completion first sends this, word by word, as
+                        ``delta.reasoning_content`` (as vLLM with a reasoning parser), then the
+                        reply as ``delta.content`` ("": no reasoning)
     endless             streams never end: one more delta every ``endless_interval`` s
     fail                (status, body, content type): every request answers that, as is
     hang_up             close the connection once the request is read, without answering (a crash)
@@ -108,6 +112,12 @@ class _Gone(Exception):
 def _sse(payload: Any, event: str | None = None) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload)
     return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
+
+
+def _split_words(text: str) -> list[str]:
+    """`text` in pieces that join back to it: each word after the first with its leading space."""
+    words = text.split(" ")
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
 
 
 def _tokens(text: str) -> int:
@@ -264,8 +274,11 @@ class _Handler(tornado.web.RequestHandler):
         except StreamClosedError:
             raise _Gone() from None
 
-    async def _stream(self, first: list[bytes], rest: list[bytes], more: Any, done: list[bytes]) -> None:
-        """first chunk, the pause, the rest; `more(i)` gives the endless stream's i-th chunk."""
+    async def _stream(
+        self, first: list[bytes], rest: list[bytes], more: Any, done: list[bytes], interval: float = 0.0
+    ) -> None:
+        """first chunk, the pause, the rest (`interval` s apart); `more(i)` gives the endless stream's
+        i-th chunk."""
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         await self._send(b"".join(first))
         if self.fake.break_midway:
@@ -273,7 +286,9 @@ class _Handler(tornado.web.RequestHandler):
             self._hang_up()
         if self.fake.first_chunk_pause:
             await asyncio.sleep(self.fake.first_chunk_pause)
-        for chunk in rest:
+        for n, chunk in enumerate(rest):
+            if interval and n:
+                await asyncio.sleep(interval)
             await self._send(chunk)
         i = 0
         while self.fake.endless:
@@ -285,8 +300,7 @@ class _Handler(tornado.web.RequestHandler):
         self.finish()
 
     def _words(self) -> list[str]:
-        words = self.fake.reply.split(" ")
-        return [w if i == 0 else " " + w for i, w in enumerate(words)]
+        return _split_words(self.fake.reply)
 
     # --- OpenAI ------------------------------------------------------------------------------
 
@@ -356,7 +370,7 @@ class _Handler(tornado.web.RequestHandler):
                                 "audio": None,
                                 "function_call": None,
                                 "tool_calls": [],
-                                "reasoning_content": None,
+                                "reasoning_content": self.fake.reasoning or None,
                             },
                             "logprobs": None,
                             "finish_reason": "stop",
@@ -387,7 +401,9 @@ class _Handler(tornado.web.RequestHandler):
             )
 
         first = [chunk({"role": "assistant", "content": ""})]
-        rest = [chunk({"content": w}) for w in self._words()]
+        thinking = _split_words(self.fake.reasoning) if self.fake.reasoning else []
+        rest = [chunk({"reasoning_content": w}) for w in thinking]
+        rest += [chunk({"content": w}) for w in self._words()]
         done = [chunk({"content": ""}, "stop")]
         if (body.get("stream_options") or {}).get("include_usage"):
             done.append(
@@ -403,7 +419,9 @@ class _Handler(tornado.web.RequestHandler):
                 )
             )
         done.append(_sse("[DONE]"))
-        await self._stream(first, rest, lambda i: chunk({"content": f" more{i}"}), done)
+        await self._stream(
+            first, rest, lambda i: chunk({"content": f" more{i}"}), done, self.fake.word_interval
+        )
 
     async def _completions(self) -> None:
         body = self._body()
@@ -696,6 +714,8 @@ class FakeUpstream:
 
     def reset(self) -> None:
         self.first_chunk_pause = 0.0
+        self.word_interval = 0.0
+        self.reasoning = ""
         self.endless = False
         self.fail: tuple[int, bytes, str] | None = None
         self.hang_up = False

@@ -145,7 +145,9 @@ def test_a_stream_stopped_by_delete_while_its_client_reads_is_audited_as_cancele
     key = gateway.keys[0]
     headers = {**auth(key, "conv-stop"), "X-Request-ID": "stop-while-reading"}
     with httpx.Client(trust_env=False, timeout=30) as reader, httpx.Client(trust_env=False) as other:
-        with reader.stream("POST", gateway.base_url + "/v1/chat/completions", headers=headers, json=BODY) as r:
+        with reader.stream(
+            "POST", gateway.base_url + "/v1/chat/completions", headers=headers, json=BODY
+        ) as r:
             chunks = r.iter_raw()
             next(chunks)
             stop = other.delete(gateway.base_url + "/v1/stream?conv_id=conv-stop", headers=auth(key))
