@@ -51,7 +51,8 @@ def fresh_upstream(upstream: FakeUpstream) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, upstream: FakeUpstream) -> Iterator[Stack]:
-    with console_stack(tmp_path_factory.mktemp("chat"), "--upstream", upstream.url) as running_stack:
+    flags = ("--upstream", upstream.url, "--model-aliases", "fast=tiny")  # two names for "Compare with"
+    with console_stack(tmp_path_factory.mktemp("chat"), *flags) as running_stack:
         yield running_stack
 
 
@@ -459,6 +460,66 @@ def test_reasoning_is_shown_folded_apart_from_the_answer(watched: Watched, upstr
     # Opened, it shows the reasoning.
     details.locator("summary").click()
     expect(details).to_contain_text(upstream.reasoning)
+    watched.assert_clean()
+
+
+def test_compare_sends_one_prompt_to_two_models_at_once_side_by_side(
+    watched: Watched, upstream: FakeUpstream
+) -> None:
+    page = watched.page
+    upstream.reply = "Same words from both."
+    upstream.word_interval = 0.1
+    page.get_by_label("Model", exact=True).select_option("tiny")
+    page.get_by_label("Compare with", exact=True).select_option("fast")
+    page.get_by_label("Message", exact=True).fill("Who are you?")
+    page.get_by_role("button", name="Send", exact=True).click()
+    pair = page.locator(".compare " + "li.message")
+    expect(pair).to_have_count(2)
+    # Both stream at the same time: each is seen streaming before either is done.
+    expect(pair.nth(0)).to_have_attribute("data-status", "streaming")
+    expect(pair.nth(1)).to_have_attribute("data-status", "streaming")
+    for answer in (pair.nth(0), pair.nth(1)):
+        finished(answer)
+        assert body(answer) == upstream.reply
+    assert [pair.nth(i).locator(".message-author").inner_text().strip() for i in range(2)] == ["tiny", "fast"]
+    chats = chat_requests(upstream)
+    assert len(chats) == 2
+    assert {json.loads(r.body)["model"] for r in chats} == {"tiny"}  # "fast" is an alias of tiny
+    starts = sorted(r.at for r in chats)
+    assert starts[1] - starts[0] < 1.0  # sent together, not one after the other
+    watched.assert_clean()
+
+
+def test_conversations_can_be_searched_renamed_and_deleted_and_stay_so(
+    watched: Watched, upstream: FakeUpstream
+) -> None:
+    page = watched.page
+    sidebar = page.get_by_role("region", name="Conversations")
+    items = sidebar.locator("li[data-conversation-id]")
+    finished(send(page, "Alpha question"))
+    sidebar.get_by_role("button", name="New chat").click()
+    finished(send(page, "Beta question"))
+    expect(items).to_have_count(2)
+
+    sidebar.get_by_role("button", name="Rename Alpha question").click()
+    sidebar.get_by_label("Title", exact=True).fill("Renamed first")
+    sidebar.get_by_role("button", name="Save", exact=True).click()
+    expect(sidebar.get_by_role("button", name="Rename Renamed first")).to_be_visible()
+
+    search = sidebar.get_by_label("Search conversations")
+    search.fill("renamed")
+    expect(items.filter(visible=True)).to_have_count(1)
+    expect(items.filter(visible=True)).to_contain_text("Renamed first")
+    search.fill("")
+    expect(items.filter(visible=True)).to_have_count(2)
+
+    sidebar.get_by_role("button", name="Delete Beta question").click()
+    page.get_by_role("dialog").get_by_role("button", name="Delete").click()
+    expect(items).to_have_count(1)
+    page.reload()
+    forgive_aborted(watched, "/v1/")
+    expect(items).to_have_count(1)
+    expect(items.first).to_contain_text("Renamed first")
     watched.assert_clean()
 
 
