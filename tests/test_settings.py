@@ -69,6 +69,20 @@ def test_key_and_value_bounds(shared_server: Server, key: str, value: str, statu
     assert r.status_code == status, r.text
 
 
+def test_dot_keys_are_refused_because_no_url_could_delete_them(shared_server: Server) -> None:
+    for key in (".", ".."):
+        r = shared_server.fetch("/api/settings", "PUT", json=[{"key": key, "value": "v"}])
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["errors"][0]["loc"] == ["settings", 0, "key"]
+        assert "could not be deleted" in r.json()["error"]["message"]
+    for key in ("...", ".a", "a."):
+        r = shared_server.fetch("/api/settings", "PUT", json=[{"key": key, "value": "v"}])
+        assert r.status_code == 200, r.text
+        assert shared_server.fetch(f"/api/settings/{key}", "DELETE").status_code in (200, 204)
+    keys = [s["key"] for s in shared_server.fetch("/api/settings").json()["settings"]]
+    assert not {".", ".."} & set(keys)
+
+
 def test_batch_size_bounds(shared_server: Server) -> None:
     batch = [{"key": f"batch.{i}", "value": "v"} for i in range(256)]
     assert shared_server.fetch("/api/settings", "PUT", json=batch).status_code == 200
@@ -109,3 +123,15 @@ def test_a_corrupt_settings_row_fails_the_request_closed(tmp_path) -> None:
     assert r.status_code == 500
     assert r.json()["error"]["code"] == "corrupt_record"
     assert "bad" in r.json()["error"]["message"]
+
+
+def test_a_pattern_error_on_a_nested_field_says_what_is_expected_not_the_regex(shared_server: Server) -> None:
+    r = shared_server.fetch("/api/settings", "PUT", json=[{"key": "ok", "value": "two\nlines"}])
+    assert r.status_code == 400
+    (error,) = r.json()["error"]["errors"]
+    assert error["loc"] == ["settings", 0, "value"]
+    assert (
+        error["msg"]
+        == "not of the expected form: up to 8192 characters, no control characters (no line breaks or tabs)"
+    )
+    assert "pattern" not in r.json()["error"]["message"]

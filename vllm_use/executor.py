@@ -7,7 +7,6 @@ back; they never check scopes or touch the database themselves.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any
@@ -36,23 +35,38 @@ def validation_error(exc: ValidationError, model: type[BaseModel] | None = None)
 
 def _readable(error: Any, model: type[BaseModel] | None) -> str:
     if error["type"] == "string_pattern_mismatch" and model is not None and error["loc"]:
-        description = _descriptions(model).get(str(error["loc"][0]))
+        description = _description_at(model.model_json_schema(), list(error["loc"]))
         if description:
             return f"not of the expected form: {description}"
     return error["msg"]
 
 
-@functools.cache
-def _descriptions(model: type[BaseModel]) -> dict[str, str]:
-    """Each top-level field's description, also when it sits inside an optional (`X | None`)."""
-    out: dict[str, str] = {}
-    for name, prop in model.model_json_schema().get("properties", {}).items():
-        found = prop.get("description") or next(
-            (alt["description"] for alt in prop.get("anyOf", []) if alt.get("description")), None
-        )
-        if found:
-            out[name] = found
-    return out
+def _description_at(schema: dict[str, Any], loc: list[Any]) -> str | None:
+    """The description of the schema node at `loc` (field names and list indexes), following
+    `$ref`s into `$defs` and the branches of an optional (`X | None`) on the way."""
+    defs = schema.get("$defs", {})
+
+    def resolve(node: dict[str, Any]) -> list[dict[str, Any]]:
+        if "$ref" in node:
+            return resolve(defs.get(node["$ref"].rsplit("/", 1)[-1], {}))
+        return [node, *(n for alt in node.get("anyOf", []) for n in resolve(alt))]
+
+    nodes = [schema]
+    for part in loc:
+        step: list[dict[str, Any]] = []
+        for node in (n for candidate in nodes for n in resolve(candidate)):
+            if isinstance(part, int) and "items" in node:
+                step.append(node["items"])
+            elif isinstance(part, str) and part in node.get("properties", {}):
+                step.append(node["properties"][part])
+        if not step:
+            return None
+        nodes = step
+    for node in nodes:
+        for candidate in resolve(node):
+            if candidate.get("description"):
+                return candidate["description"]
+    return None
 
 
 class Executor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any
 
-from pydantic import Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints
 
 from vllm_use.context import Call
 from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
@@ -21,12 +21,30 @@ from vllm_use.sensitive import is_sensitive_key
 from vllm_use.storage import Setting, now_ms
 
 KEY_MAX, VALUE_MAX, BATCH_MAX = 128, 8192, 256
-SettingKey = Annotated[str, StringConstraints(min_length=1, max_length=KEY_MAX, pattern=NO_CONTROL)]
-SettingValue = Annotated[str, StringConstraints(max_length=VALUE_MAX, pattern=NO_CONTROL)]
+SettingKey = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=KEY_MAX, pattern=NO_CONTROL),
+    Field(description="1 to 128 characters, no control characters"),
+]
+SettingValue = Annotated[
+    str,
+    StringConstraints(max_length=VALUE_MAX, pattern=NO_CONTROL),
+    Field(description="up to 8192 characters, no control characters (no line breaks or tabs)"),
+]
+
+
+def _not_a_path_segment(key: str) -> str:
+    # `DELETE /api/settings/{key}` could never reach "." or "..": clients resolve them as paths.
+    if key in (".", ".."):
+        raise ValueError("'.' and '..' cannot be setting keys (they could not be deleted over /api)")
+    return key
+
+
+NewSettingKey = Annotated[SettingKey, AfterValidator(_not_a_path_segment)]
 
 
 class SettingItem(Args):
-    key: SettingKey
+    key: NewSettingKey
     value: SettingValue
 
 

@@ -55,7 +55,11 @@ OWNED_FLAGS = frozenset(
 
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 Ident = Annotated[str, StringConstraints(pattern=IDENT_PATTERN)]
-Value = Annotated[str, StringConstraints(max_length=VALUE_BYTES_MAX, pattern=VALUE_PATTERN)]
+Value = Annotated[
+    str,
+    StringConstraints(max_length=VALUE_BYTES_MAX, pattern=VALUE_PATTERN),
+    Field(description="a value: no control characters, and not starting with '-' unless it is a number"),
+]
 
 
 class ExtraArg(BaseModel):

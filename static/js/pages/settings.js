@@ -143,7 +143,7 @@ function settingForm(page, onSaved) {
       key.focus();
     } catch (error) {
       if (error.name === "AbortError" || error.status === 401) return;
-      if (showFieldErrors(element, readable(error))) {
+      if (showFieldErrors(element, error)) {
         element.querySelector("[aria-invalid]").focus();
       } else {
         showError(slot, humanError(error));
@@ -167,15 +167,3 @@ function settingForm(page, onSaved) {
   };
 }
 
-// pydantic's pattern message quotes a regular expression; say what it means instead.
-const NO_CONTROL = /^String should match pattern '\^\[\^\\x00-\\x1f\\x7f-\\x9f\]\*\$'$/;
-
-function readable(error) {
-  const fieldErrors = {};
-  for (const [name, message] of Object.entries(error.fieldErrors || {})) {
-    fieldErrors[name] = NO_CONTROL.test(message)
-      ? "must not contain control characters (line breaks, tabs and the like)"
-      : message;
-  }
-  return { fieldErrors };
-}
