@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,6 +269,91 @@ def test_a_reload_mid_stream_continues_the_same_answer_without_sending_it_again(
     finished(page.locator(f'{ASSISTANT}[data-message-id="{message_id}"]'))
     assert body(page.locator(ASSISTANT).last) == LONG_REPLY
     watched.assert_clean()
+
+
+class CuttingProxy:
+    """A TCP relay in front of the server whose `cut()` drops every open connection at once, as a
+    flaky network does; new connections keep working."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.open: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            with self.lock:
+                self.open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        with self.lock:
+            doomed, self.open = self.open, []
+        for sock in doomed:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
+def test_a_dropped_connection_mid_stream_resumes_from_the_saved_offset(
+    browser: Browser, stack: Stack, upstream: FakeUpstream
+) -> None:
+    proxy = CuttingProxy(int(urlsplit(stack.url).port or 0))
+    origin = f"http://127.0.0.1:{proxy.port}"
+    watched = new_page(browser, origin)
+    try:
+        page = open_chat(watched, stack.server.admin_token or "")
+        upstream.reply = LONG_REPLY
+        upstream.word_interval = 0.15
+        answer = send(page, "Count for me")
+        before = wait_for_words(answer, 5)
+        assert LONG_REPLY.startswith(before) and before != LONG_REPLY
+        proxy.cut()  # the stream (and anything else in flight) is cut off mid-way
+        finished(answer)
+        assert body(answer) == LONG_REPLY
+        assert len(chat_requests(upstream)) == 1  # resumed from the gateway's buffer, not sent again
+        assert not upstream.closes
+        # The cut itself shows as failed requests and the browser's network errors; nothing else may.
+        watched.problems[:] = [
+            p
+            for p in watched.problems
+            if not (
+                p.startswith("request failed:") or re.search(r"net::ERR_(INCOMPLETE|CONNECTION|EMPTY)", p)
+            )
+        ]
+        watched.assert_clean()
+    finally:
+        watched.page.context.close()
+        proxy.close()
 
 
 def test_stop_cancels_the_upstream_and_keeps_the_partial_answer_marked_stopped(
