@@ -10,14 +10,14 @@ import pytest
 
 from tests.conftest import Server, start_server
 from tests.fakeupstream import FakeUpstream, running
-from vllm_use.gateway.aliases import rewrite_model
+from vllm_use.gateway.aliases import prepare_body
 
 ALIASES = {"fast": "tiny", "big": "llama-3-70b"}
 
 
 def test_big_integers_and_long_decimals_keep_their_exact_text() -> None:
     body = b'{"seed": 12345678901234567890123, "model": "fast", "temperature": 0.1000000000000000055511151231257827}'
-    out, sent = rewrite_model(body, ALIASES)
+    out, sent = prepare_body(body, ALIASES)[:2]
     assert out == body.replace(b'"fast"', b'"tiny"')
     assert sent == "fast"
 
@@ -27,7 +27,7 @@ def test_spacing_key_order_and_other_values_are_kept() -> None:
         b' {\r\n\t"z" :1 ,\n  "model"\t:\t  "big"   ,"a":[ 1,2 , {"b" : null}],"t":true,"f":false,'
         b'"e":-1.5E+10 }\n'
     )
-    out, sent = rewrite_model(body, ALIASES)
+    out, sent = prepare_body(body, ALIASES)[:2]
     assert out == body.replace(b'"big"', b'"llama-3-70b"')
     assert sent == "big"
 
@@ -37,40 +37,40 @@ def test_escapes_elsewhere_are_kept_byte_for_byte() -> None:
         b'{"s":"a\\"b\\\\c\\/d\\u00e9\\ud83d\\ude00 \xc3\xa9","model":"fast",'
         b'"nested":{"q":"}]\\"{["},"l":["\\u0022model\\u0022"]}'
     )
-    out, sent = rewrite_model(body, ALIASES)
+    out, sent = prepare_body(body, ALIASES)[:2]
     assert out == body.replace(b'"model":"fast"', b'"model":"tiny"')
     assert sent == "fast"
 
 
 def test_an_escaped_key_or_value_is_read_as_a_json_parser_reads_it() -> None:
     # "mod\u0065l" is the key "model" and "f\u0061st" the value "fast" for the upstream's parser.
-    out, sent = rewrite_model(b'{"mod\\u0065l": "f\\u0061st"}', ALIASES)
+    out, sent = prepare_body(b'{"mod\\u0065l": "f\\u0061st"}', ALIASES)[:2]
     assert out == b'{"mod\\u0065l": "tiny"}'
     assert sent == "fast"
 
 
 def test_nested_model_keys_are_untouched() -> None:
     body = b'{"messages":[{"role":"user","model":"fast"}],"metadata":{"model":"fast"},"model":"fast"}'
-    out, _ = rewrite_model(body, ALIASES)
+    out, _ = prepare_body(body, ALIASES)[:2]
     assert out == b'{"messages":[{"role":"user","model":"fast"}],"metadata":{"model":"fast"},"model":"tiny"}'
 
 
 def test_a_model_that_is_not_a_string_is_left_alone() -> None:
     for body in (b'{"model":{"model":"fast"}}', b'{"model":["fast"]}', b'{"model":5}', b'{"model":null}'):
-        assert rewrite_model(body, ALIASES) == (body, None)
+        assert prepare_body(body, ALIASES)[:2] == (body, None)
 
 
 def test_duplicate_model_keys_are_each_rewritten_and_the_last_is_what_was_sent() -> None:
-    out, sent = rewrite_model(b'{"model":"other","model":"fast"}', ALIASES)
+    out, sent = prepare_body(b'{"model":"other","model":"fast"}', ALIASES)[:2]
     assert (out, sent) == (b'{"model":"other","model":"tiny"}', "fast")
-    out, sent = rewrite_model(b'{"model":"fast", "x":1, "model":"other"}', ALIASES)
+    out, sent = prepare_body(b'{"model":"fast", "x":1, "model":"other"}', ALIASES)[:2]
     assert (out, sent) == (b'{"model":"tiny", "x":1, "model":"other"}', "other")
 
 
 def test_a_model_without_an_alias_is_unchanged_and_reported() -> None:
     body = '{"model": "模型-7b", "prompt": "hi"}'.encode()
-    assert rewrite_model(body, ALIASES) == (body, "模型-7b")
-    assert rewrite_model(b'{"model":"fast"}', {}) == (b'{"model":"fast"}', "fast")
+    assert prepare_body(body, ALIASES)[:2] == (body, "模型-7b")
+    assert prepare_body(b'{"model":"fast"}', {})[:2] == (b'{"model":"fast"}', "fast")
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_a_model_without_an_alias_is_unchanged_and_reported() -> None:
     ],
 )
 def test_a_body_that_is_not_a_json_object_is_returned_unchanged(body: bytes) -> None:
-    assert rewrite_model(body, ALIASES) == (body, None)
+    assert prepare_body(body, ALIASES)[:2] == (body, None)
 
 
 def test_rewriting_a_16_mib_prompt_does_not_walk_its_bytes_in_python() -> None:
@@ -103,10 +103,10 @@ def test_rewriting_a_16_mib_prompt_does_not_walk_its_bytes_in_python() -> None:
         b'{"model":"fast","messages":[{"role":"user","content":"' + b"x" * (16 * 1024 * 1024 - 64) + b'"}]}'
     )
     started = time.perf_counter()
-    out, sent = rewrite_model(body, ALIASES)
+    out, sent = prepare_body(body, ALIASES)[:2]
     elapsed = time.perf_counter() - started
     assert sent == "fast" and out[:20] == b'{"model":"tiny","mes'
-    assert elapsed < 0.3, f"rewrite_model took {elapsed:.2f} s"
+    assert elapsed < 0.3, f"prepare_body took {elapsed:.2f} s"
 
 
 # --- end to end -------------------------------------------------------------------------------

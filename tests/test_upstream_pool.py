@@ -411,6 +411,43 @@ def test_interim_100_continue_is_skipped_and_error_statuses_are_responses() -> N
     assert (response.code, response.reason, response.body) == (503, "Busy", b"busy")
 
 
+def test_a_redirect_is_relayed_as_it_is_never_followed() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(
+                b"HTTP/1.1 302 Found\r\nLocation: http://169.254.169.254/\r\nContent-Length: 0\r\n\r\n"
+            )
+            await writer.drain()
+
+    async def body(client: PooledClient) -> None:
+        url, received, _connections, server = await raw_server(script)
+        async with server:
+            response = await client.fetch(url + "/v1/models", raise_error=False)
+            assert response.code == 302 and response.headers["Location"] == "http://169.254.169.254/"
+            assert len(received) == 1
+
+    run_with_client(body)
+
+
+def test_proxy_environment_variables_are_ignored(
+    monkeypatch: pytest.MonkeyPatch, upstream: FakeUpstream
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{dead}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+
+    async def body(client: PooledClient) -> None:
+        assert (await client.fetch(chat(upstream.url))).code == 200  # straight to the upstream
+
+    run_with_client(body)
+    assert len(upstream.requests) == 1
+
+
 def test_a_refused_connection_is_an_os_error() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

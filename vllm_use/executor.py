@@ -7,6 +7,7 @@ back; they never check scopes or touch the database themselves.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -35,10 +36,15 @@ def validation_error(exc: ValidationError, model: type[BaseModel] | None = None)
 
 def _readable(error: Any, model: type[BaseModel] | None) -> str:
     if error["type"] == "string_pattern_mismatch" and model is not None and error["loc"]:
-        description = _description_at(model.model_json_schema(), list(error["loc"]))
+        description = _description_at(_schema(model), list(error["loc"]))
         if description:
             return f"not of the expected form: {description}"
     return error["msg"]
+
+
+@functools.cache
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema()  # built once per arguments model, not per bad request
 
 
 def _description_at(schema: dict[str, Any], loc: list[Any]) -> str | None:

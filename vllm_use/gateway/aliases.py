@@ -39,17 +39,9 @@ def model_spans(text: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-def rewrite_model(body: bytes, aliases: dict[str, str]) -> tuple[bytes, str | None]:
-    """(the body with aliased `model` values replaced, the model as the client sent it).
-
-    A body that is not a valid JSON object is returned unchanged.
-    """
-    out, sent, _stream = prepare_body(body, aliases)
-    return out, sent
-
-
 def prepare_body(body: bytes, aliases: dict[str, str]) -> tuple[bytes, str | None, bool]:
-    """`rewrite_model`, plus the body's `"stream": true` flag, from one parse of the body."""
+    """(the body with aliased `model` values replaced, the model as the client sent it, the body's
+    `"stream": true` flag), from one parse. A body that is not a JSON object is returned unchanged."""
     if not body:
         return body, None, False
     try:
