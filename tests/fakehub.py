@@ -268,6 +268,7 @@ class FakeHub:
         self._blocked: set[tuple[str, str]] = set()
         self._requests: list[Request] = []
         self._served: dict[tuple[str, str], int] = {}
+        self._claimed: dict[tuple[str, str], int] = {}
         self._cdn_host = cdn_host
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -357,6 +358,11 @@ class FakeHub:
             self._tokens[repo_id] = (token, gated)
 
     # --- faults -------------------------------------------------------------------------------------
+
+    def claim_size(self, repo_id: str, path: str, size: int) -> None:
+        """Report ``size`` for the file in the model info's sizes (``?blobs=true``), whatever it holds."""
+        with self._lock:
+            self._claimed[(repo_id, path)] = size
 
     def slow(self, repo_id: str, path: str, bytes_per_second: float) -> None:
         """Stream the file's GET body at about ``bytes_per_second`` (small chunks with sleeps)."""
@@ -515,9 +521,10 @@ class FakeHub:
         for f in sorted(files.values(), key=lambda f: f.path):
             entry: dict[str, Any] = {"rfilename": f.path}
             if blobs:
-                entry.update(size=len(f.data), blobId=f.blob_id)
+                size = self._claimed.get((repo_id, f.path), len(f.data))
+                entry.update(size=size, blobId=f.blob_id)
                 if f.lfs:
-                    entry["lfs"] = {"sha256": f.sha256, "size": len(f.data), "pointerSize": f.pointer_size()}
+                    entry["lfs"] = {"sha256": f.sha256, "size": size, "pointerSize": f.pointer_size()}
             siblings.append(entry)
         return {
             "_id": hashlib.md5(repo_id.encode()).hexdigest()[:24],  # noqa: S324

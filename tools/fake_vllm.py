@@ -21,7 +21,8 @@ It mimics what the real vLLM 0.32 (CPU build) does, as measured in `shared/notes
 - `--api-key K` (or env VLLM_API_KEY) makes `/v1/*` answer 401 `{"error": "Unauthorized"}` without
   `Authorization: Bearer K`, like the real one.
 
-Behaviour knobs (environment variables; all optional):
+Behaviour knobs (environment variables; all optional). vllm-use gives its children an allow-listed
+environment without them, so tests set them in a wrapper script (`fake_vllm_bin` in tests/vllm_fixtures.py):
 
   FAKE_VLLM_RECORD=/path.json   Write a JSON record: argv, parsed args, unknown args (`extra_args` as
                                 `[{name, values}]`), pid, ppid, pgid, sid, cwd, env, open fds ({fd: target}),
@@ -31,6 +32,8 @@ Behaviour knobs (environment variables; all optional):
                                 (`starting` → `loading` → `ready`, then `exited` with `exit_code` and
                                 `exit_reason`). Rewritten atomically at each phase. `{pid}` in the path is
                                 replaced by the pid (one file per start).
+  FAKE_VLLM_IMPORT_SECONDS=0    Seconds before it even binds its port (the real one imports for ~10 s
+                                first): meanwhile another process may take the port.
   FAKE_VLLM_LOAD_SECONDS=0.3    Seconds of "loading" (port bound but closed) before it listens.
   FAKE_VLLM_NEVER_HEALTHY=...   `503` (or `1`): listens, but /health answers 503 forever (other routes
                                 work). `closed`: never listens (loads forever).
@@ -866,6 +869,7 @@ def serve_main(argv: list[str]) -> None:
     non_default = {k: v for k, v in vars(args).items() if defaults.get(k) != v and k != "subparser"}
     out(vlog("INFO", "utils.py:328", f"non-default args: {non_default!r}"))
 
+    pump(time.monotonic() + max(0.0, _env_float("FAKE_VLLM_IMPORT_SECONDS", 0.0)))
     host = args.host if args.host else "0.0.0.0"  # noqa: S104 - the real default: all interfaces
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:

@@ -3,6 +3,10 @@
 `die_with_parent` is a `preexec_fn`: on Linux it asks the kernel to SIGKILL the
 child when vllm-use dies, even by SIGKILL (PR_SET_PDEATHSIG), so a crash never
 leaves a download or an engine running unsupervised. Elsewhere it does nothing.
+
+Every child gets an explicit working directory that vllm-use owns, never the
+server's own (whatever lies there must not end up on a child's `sys.path`), and
+the allow-listed environment of `config.child_env()` (docs/security.md).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import signal
 import subprocess
 import sys
 
-from tornado.iostream import StreamClosedError
+from tornado.iostream import PipeIOStream, StreamClosedError
 from tornado.process import Subprocess
 
 from vllm_use.logbuffer import LogBuffer
@@ -31,22 +35,39 @@ def die_with_parent() -> None:
             os._exit(1)
 
 
-def spawn(argv: list[str], env: dict[str, str], *, parent_death: bool) -> Subprocess:
-    """A supervised child: leader of a new session, stdout and stderr merged into one pipe.
+def spawn(
+    argv: list[str], env: dict[str, str], *, cwd: str | os.PathLike[str], parent_death: bool
+) -> Subprocess:
+    """A supervised child in `cwd`: leader of a new session, stdout and stderr merged into one pipe
+    (`proc.stdout`, a PipeIOStream).
 
     `parent_death` adds `die_with_parent` (for a child that starts no processes of its own;
     vLLM's tree gets the reaper shim instead, see runtime/reaper.py). Raises OSError.
+
+    The pipe is made here, not by tornado's `Subprocess.STREAM`: when the spawn fails (no such
+    executable, a bad cwd), tornado closes the pipe's descriptors and then its half-built stream
+    closes the read end again when it is collected — by then that number may be a client's socket.
     """
-    return Subprocess(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=Subprocess.STREAM,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-        close_fds=True,
-        preexec_fn=die_with_parent if parent_death else None,
-    )
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    try:
+        proc = Subprocess(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=write_fd,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=die_with_parent if parent_death else None,
+        )
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)  # the child holds its copy; ours would keep end-of-output from coming
+    proc.stdout = PipeIOStream(read_fd)
+    return proc
 
 
 async def drain(proc: Subprocess, buffer: LogBuffer) -> None:

@@ -23,8 +23,6 @@ from vllm_use.errors import ConfigError
 
 ENV_PREFIX = "VLLM_USE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
-# Variables a child must never inherit: our own secrets and generic credentials.
-_SECRET_ENV = re.compile(r"^(VLLM_USE_.*|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|OPENAI_API_KEY|ANTHROPIC_API_KEY)$")
 _ALIAS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$")
 
 
@@ -36,6 +34,9 @@ class Option:
     help: str
     default: Any = None
     secret: bool = False
+    switch: bool = (
+        False  # a flag without a value (`--allow-remote-code`); env: 1/true/yes/on or 0/false/no/off
+    )
 
     @property
     def flag(self) -> str:
@@ -53,8 +54,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("models_dir", "managed models root", "<data-dir>/models"),
     Option("hf_cache_dir", "optional Hugging Face cache dir for hf children", None),
     Option("admin_token", "bootstrap admin token (else <data-dir>/admin-token is used)", None, secret=True),
+    Option("admin_token_file", "read the bootstrap admin token from this file (0600)", None),
     Option("upstream", "vLLM origin for /v1 (loopback http(s) only)", "http://127.0.0.1:<runtime-port>"),
     Option("upstream_api_key", "key injected as Bearer on upstream requests", None, secret=True),
+    Option("upstream_api_key_file", "read the upstream key from this file (0600)", None),
     Option("model_aliases", "alias=upstream-model,... for /v1", ""),
     Option("max_audit_records", "gateway audit records kept (0 = record nothing new)", 10000),
     Option("trusted_origins", "comma-separated extra origins allowed on /mcp", ""),
@@ -65,6 +68,24 @@ OPTIONS: tuple[Option, ...] = (
         "download_stall_timeout", "seconds without byte progress before a download is reported stalled", 600
     ),
     Option("runtime_port", "port the supervised vllm serve listens on", 8000),
+    Option(
+        "allow_remote_code",
+        "let runtime options set trust_remote_code (vLLM then runs Python code shipped with the model)",
+        False,
+        switch=True,
+    ),
+    Option(
+        "allow_any_model_path",
+        "let runtime.start serve a directory outside the models dir or a Hub id (vLLM fetches it)",
+        False,
+        switch=True,
+    ),
+    Option(
+        "max_connections",
+        "open client connections at most (default: what the fd limit allows, <= 1024)",
+        None,
+    ),
+    Option("body_timeout", "seconds a client may take to send a request body", 60),
     Option("log_level", "debug, info, warning or error", "info"),
 )
 
@@ -89,12 +110,18 @@ class Config:
     download_stall_timeout: int
     runtime_port: int
     log_level: str
+    allow_remote_code: bool = False
+    allow_any_model_path: bool = False
+    max_connections: int | None = None  # None: derived from the fd limit at start (app.py)
+    body_timeout: int = 60
+    secrets_on_command_line: tuple[str, ...] = ()  # flags whose secret was given in argv (warned at start)
 
     def __repr__(self) -> str:  # never print credentials, even by accident
         return f"Config(host={self.host!r}, port={self.port}, data_dir={str(self.data_dir)!r})"
 
     @property
-    def admin_token_file(self) -> Path:
+    def bootstrap_token_path(self) -> Path:
+        """Where the generated admin token lives when none is configured."""
         return self.data_dir / "admin-token"
 
     @property
@@ -110,14 +137,97 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="start the server (API, MCP, gateway, console)")
     for opt in OPTIONS:
-        serve.add_argument(opt.flag, dest=opt.name, default=None, help=f"{opt.help} [env {opt.env}]")
+        if opt.switch:
+            serve.add_argument(
+                opt.flag,
+                dest=opt.name,
+                action="store_const",
+                const="1",
+                default=None,
+                help=f"{opt.help} [env {opt.env}]",
+            )
+        else:
+            serve.add_argument(opt.flag, dest=opt.name, default=None, help=f"{opt.help} [env {opt.env}]")
     return parser
 
 
+# What a child may inherit from our environment: see child_env's docstring for each entry's reason.
+CHILD_ENV_NAMES = frozenset(
+    {
+        *("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM"),
+        *("TMPDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "LD_LIBRARY_PATH"),
+        *("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy"),
+        *("all_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"),
+        *("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_XET_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"),
+        *("HF_HUB_DISABLE_XET", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_DISABLE_TELEMETRY"),
+        *("HF_HUB_ENABLE_HF_TRANSFER", "HF_XET_HIGH_PERFORMANCE"),
+        *("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"),
+        *("VLLM_ATTENTION_BACKEND", "VLLM_LOGGING_LEVEL", "VLLM_HOST_IP", "VLLM_CACHE_ROOT"),
+        *("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK", "VLLM_WORKER_MULTIPROC_METHOD"),
+        *("VLLM_ENGINE_ITERATION_TIMEOUT_S", "VLLM_RPC_TIMEOUT", "VLLM_ALLOW_LONG_MAX_MODEL_LEN"),
+        "RAY_ADDRESS",
+    }
+)
+CHILD_ENV_PREFIXES = (
+    "LC_",
+    "CUDA_",
+    "NVIDIA_",
+    "NCCL_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "TORCH_",
+    "PYTORCH_",
+    "TRITON_",
+)
+_CREDENTIAL_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_KEY|PRIVATE_KEY", re.IGNORECASE)
+
+
 def child_env(extra: dict[str, str] | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a child process: ours minus every secret, plus `extra`."""
-    base = dict(os.environ if environ is None else environ)
-    env = {k: v for k, v in base.items() if not _SECRET_ENV.match(k)}
+    """The environment of every child (vLLM's reaper and vLLM, `hf`, the version probes).
+
+    An allow-list, never "ours minus a few names": a child inherits a variable only if its name is
+    in `CHILD_ENV_NAMES` or starts with one of `CHILD_ENV_PREFIXES`, and never one whose name looks
+    like a credential (`_CREDENTIAL_NAME`), then gets `extra` (what the caller sets on purpose: a
+    download's one-time `HF_TOKEN`, the runtime's own `VLLM_API_KEY`, its private `TMPDIR`). So
+    `GITHUB_TOKEN`, `AWS_SECRET_ACCESS_KEY`, `OPENAI_API_KEY`, `HF_TOKEN`, `VLLM_API_KEY`, our own
+    `VLLM_USE_*` (which hold our credentials; vLLM's own `VLLM_USE_*` switches share the prefix and
+    stay behind too) and `PYTHON*` (`PYTHONPATH` would choose the code a child runs) never reach a
+    child. Why each entry is allowed (docs/security.md):
+
+    - `PATH`: vLLM and hf start helpers and compilers; `HOME`, `USER`, `LOGNAME`: libraries derive
+      per-user cache and config paths and names from them; `SHELL`: helpers that start a shell.
+    - `LANG`, `LANGUAGE`, `LC_*`, `TZ`, `TERM`: text decoding, log timestamps, terminal output.
+    - `TMPDIR`, `XDG_CACHE_HOME`, `XDG_CONFIG_HOME`: where scratch files and caches go (vLLM's
+      `TMPDIR` is replaced by a private directory); `LD_LIBRARY_PATH`: CUDA often lives outside the
+      default library path.
+    - `HTTP(S)_PROXY`, `NO_PROXY`, `ALL_PROXY` (either case), `SSL_CERT_FILE`, `SSL_CERT_DIR`,
+      `REQUESTS_CA_BUNDLE`, `CURL_CA_BUNDLE`: the network the operator set up, so hf (and vLLM for
+      a Hub id) reaches the hub like every other program here. A proxy URL may carry the proxy's
+      own password: that is the operator's choice of setup, and the hub traffic needs it.
+    - `HF_ENDPOINT`, `HF_HOME`, `HF_HUB_CACHE`, `HF_XET_CACHE`, `HF_HUB_OFFLINE`,
+      `TRANSFORMERS_OFFLINE`, `HF_HUB_DISABLE_XET`, `HF_HUB_ETAG_TIMEOUT`, `HF_HUB_DOWNLOAD_TIMEOUT`,
+      `HF_HUB_DISABLE_TELEMETRY`, `HF_HUB_ENABLE_HF_TRANSFER`, `HF_XET_HIGH_PERFORMANCE`: which hub,
+      which caches, offline mode and timeouts. Never a token or `HF_TOKEN_PATH`.
+    - `VLLM_CPU_KVCACHE_SPACE`, `VLLM_CPU_OMP_THREADS_BIND`, `VLLM_CPU_NUM_OF_RESERVED_CPU`,
+      `VLLM_ATTENTION_BACKEND`, `VLLM_LOGGING_LEVEL`, `VLLM_HOST_IP`, `VLLM_CACHE_ROOT`,
+      `VLLM_WORKER_MULTIPROC_METHOD`, `VLLM_ENGINE_ITERATION_TIMEOUT_S`, `VLLM_RPC_TIMEOUT`,
+      `VLLM_ALLOW_LONG_MAX_MODEL_LEN`, `VLLM_NO_USAGE_STATS`, `VLLM_DO_NOT_TRACK`, `DO_NOT_TRACK`:
+      how the engine uses this machine, and no usage reports. Not `VLLM_PLUGINS` or
+      `VLLM_LOGGING_CONFIG_PATH` (they choose code and log handlers).
+    - `RAY_ADDRESS`: the Ray cluster to join for `distributed_executor_backend=ray`.
+    - `CUDA_*`, `NVIDIA_*`, `NCCL_*`, `OMP_*`, `MKL_*`, `KMP_*`, `TORCH_*`, `PYTORCH_*`,
+      `TRITON_*`: GPU selection and math-library tuning, settings rather than credentials.
+
+    The tests' fake vLLM gets its `FAKE_VLLM_*` knobs from a wrapper script, not through here.
+    """
+    base = os.environ if environ is None else environ
+    env = {
+        name: value
+        for name, value in base.items()
+        if (name in CHILD_ENV_NAMES or name.startswith(CHILD_ENV_PREFIXES))
+        and not _CREDENTIAL_NAME.search(name)
+    }
     env.update(extra or {})
     return env
 
@@ -156,6 +266,17 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Con
             raise ConfigError(opt_label(name), f"must be an integer from {lo} to {hi}, got {value}")
         return value
 
+    def switch(name: str) -> bool:
+        value = raw[name][1]
+        if isinstance(value, bool):
+            return value
+        word = str(value).strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("", "0", "false", "no", "off"):
+            return False
+        raise ConfigError(opt_label(name), f"must be 1/true/yes/on or 0/false/no/off, got {value!r}")
+
     def path(name: str, value: str) -> Path:
         if not value:
             raise ConfigError(opt_label(name), "must not be empty")
@@ -170,8 +291,16 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Con
     if models_dir is None:
         models_dir = path("models_dir", text("models_dir"))
     hf_cache_dir = path("hf_cache_dir", text("hf_cache_dir")) if raw["hf_cache_dir"][1] else None
-    admin_token = _token(raw["admin_token"][1], opt_label("admin_token"))
-    upstream_key = _token(raw["upstream_api_key"][1], opt_label("upstream_api_key"))
+    admin_token = _secret(raw, "admin_token", "admin_token_file", opt_label)
+    upstream_key = _secret(raw, "upstream_api_key", "upstream_api_key_file", opt_label)
+    on_command_line = tuple(
+        OPTIONS_BY_NAME[name].flag
+        for name in ("admin_token", "upstream_api_key")
+        if raw[name][0] == OPTIONS_BY_NAME[name].flag and raw[name][1]
+    )
+    max_connections = (
+        integer("max_connections", 1, 1_000_000) if raw["max_connections"][1] is not None else None
+    )
     runtime_port = integer("runtime_port", 1, 65535)
     upstream_raw = raw["upstream"][1]
     upstream_explicit = upstream_raw != OPTIONS_BY_NAME["upstream"].default
@@ -201,6 +330,11 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Con
         download_stall_timeout=integer("download_stall_timeout", 1, 86400),
         runtime_port=runtime_port,
         log_level=log_level,
+        allow_remote_code=switch("allow_remote_code"),
+        allow_any_model_path=switch("allow_any_model_path"),
+        max_connections=max_connections,
+        body_timeout=integer("body_timeout", 1, 3600),
+        secrets_on_command_line=on_command_line,
     )
 
 
@@ -227,6 +361,19 @@ def _token(value: Any, label: str) -> str | None:
     if not 16 <= len(value) <= 512 or not re.fullmatch(r"[\x21-\x7e]+", value) or "," in value:
         raise ConfigError(label, "must be 16 to 512 visible ASCII characters without spaces or commas")
     return value
+
+
+def _secret(raw: dict[str, tuple[str, Any]], name: str, file_name: str, label: Any) -> str | None:
+    """A credential from its flag/env, or read once from its file option (never both)."""
+    value, file_value = raw[name][1], raw[file_name][1]
+    if value not in (None, "") and file_value not in (None, ""):
+        raise ConfigError(label(file_name), f"give either {label(name)} or {label(file_name)}, not both")
+    if file_value in (None, ""):
+        return _token(value, label(name))
+    from vllm_use import fsafety  # no import cycle at module load: fsafety imports errors only
+
+    path = Path(str(file_value)).expanduser().absolute()
+    return _token(fsafety.read_secret_file(path, option=label(file_name)), label(file_name))
 
 
 def _executable(value: str, label: str) -> str:
@@ -291,6 +438,31 @@ def parse_origins(value: str, label: str) -> tuple[str, ...]:
             raise ConfigError(label, f"expects origins like https://example.com:8443, got {item!r}")
         origins.append(item.rstrip("/").lower())
     return tuple(origins)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether listening on `host` keeps the server on this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def start_warnings(config: Config) -> list[str]:
+    """What an operator should know about this configuration (logged at start, docs/security.md)."""
+    warnings = [
+        f"{flag} was given on the command line, where every local user can read it in "
+        f"/proc/<pid>/cmdline; use {flag}-file or the environment variable instead"
+        for flag in config.secrets_on_command_line
+    ]
+    if not is_loopback_host(config.host):
+        warnings.append(
+            f"listening on {config.host}, beyond this machine, without TLS: keys and prompts cross the "
+            "network in clear text; put a TLS proxy in front (docs/security.md)"
+        )
+    return warnings
 
 
 def configure_logging(level: str) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_use.config import Config
+from vllm_use.errors import UpstreamUnavailable
 from vllm_use.lifecycle import Lifecycle
 from vllm_use.scopes import Identity, Surface
 
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from vllm_use.auth import Authenticator
     from vllm_use.downloads.manager import DownloadManager
     from vllm_use.gateway.audit import AuditWriter
+    from vllm_use.gateway.live import LiveRequests
     from vllm_use.gateway.streams import StreamRegistry
     from vllm_use.gateway.upstream import PooledClient
     from vllm_use.registry import Registry
@@ -35,17 +37,35 @@ class AppContext:
     audit: AuditWriter
     gateway_client: PooledClient
     streams: StreamRegistry
+    live: LiveRequests  # open /v1 requests by key id, closed when the key is revoked
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)
 
     def upstream_origin(self) -> str:
-        """The gateway's upstream: --upstream if given, else the runtime's current port (S4.3)."""
+        """Where /v1 forwards, for runtime.status: --upstream if given, else the runtime's port."""
         if self.config.upstream_explicit:
             return self.config.upstream
         child = self.runtime.child
         return f"http://127.0.0.1:{child.port if child else self.config.runtime_port}"
+
+    def upstream_target(self) -> tuple[str, str | None]:
+        """The origin the gateway relays to now and the Bearer key to inject there.
+
+        With an explicit --upstream: that origin and --upstream-api-key, as configured. Otherwise
+        only a supervised child in state `ready`, with its own key (docs/runtime.md): a port whose
+        child is starting, failed or gone may already belong to another process, so nothing is
+        sent there. Raises `UpstreamUnavailable` (502) before any connection is attempted.
+        """
+        if self.config.upstream_explicit:
+            return self.config.upstream, self.config.upstream_api_key
+        child = self.runtime.child
+        if child is None or self.runtime.state != "ready":
+            raise UpstreamUnavailable(
+                f"no model is running: start one with runtime.switch (the runtime is {self.runtime.state})"
+            )
+        return f"http://127.0.0.1:{child.port}", child.api_key
 
 
 @dataclass(frozen=True)

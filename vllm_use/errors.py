@@ -7,7 +7,9 @@
     ├── NotFound                      not_found              404    isError result
     ├── Conflict                      conflict               409    isError result
     ├── PayloadTooLarge               payload_too_large      413    HTTP 413
+    ├── TooManyRequests               too_many_requests      429    HTTP 429 (auth) / isError result
     ├── UpstreamUnavailable           upstream_unavailable   502    isError result
+    ├── RuntimeFailed                 runtime_failed         502    isError result
     ├── CorruptRecord                 corrupt_record         500    isError result
     ├── ExternalError                 external_error         500    isError result
     └── ConfigError                   (start-up only: names the option, exits 2)
@@ -78,6 +80,14 @@ class UpstreamUnavailable(VllmUseError):
     http_status = 502
 
 
+class RuntimeFailed(VllmUseError):
+    """The supervised vLLM did not come up: it exited, was never healthy in time, or another process
+    holds its port. The child failed, not vllm-use; `last_lines` carries its last log lines."""
+
+    code = "runtime_failed"
+    http_status = 502
+
+
 class CorruptRecord(VllmUseError):
     """A row read back from SQLite failed validation; the request fails closed."""
 
@@ -99,3 +109,16 @@ class ConfigError(Exception):
         super().__init__(f"{option}: {message}")
         self.option = option
         self.message = message
+
+
+class TooManyRequests(VllmUseError):
+    """A bounded resource is full for now (a key's live streams, scrypt verifications waiting for
+    one key prefix): refused at once, never queued without bound. `retry_after_s`, in the error
+    document, says when a retry may succeed (the value for a `Retry-After` header)."""
+
+    code = "too_many_requests"
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int = 1, **details: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **details)
+        self.retry_after_s = retry_after_s

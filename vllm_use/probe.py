@@ -1,8 +1,11 @@
 """Probing external tools (`vllm`, `hf`, `nvidia-smi`) for `system.get` (S4.4).
 
 Each probe resolves the executable on PATH and runs its version command as a
-child with a scrubbed environment and a timeout. Results are cached for
-`CACHE_S` per resolved path: importing vLLM to print its version takes seconds.
+child with the allow-listed environment (`config.child_env()`), `/` as its
+working directory and a timeout. Results are cached for `CACHE_S` per resolved
+path: importing vLLM to print its version takes seconds (~11 s and ~520 MB).
+While the cache is cold, one probe per tool is in flight and every concurrent
+caller awaits that one, so a burst of `system.get` calls can't fork a child each.
 """
 
 from __future__ import annotations
@@ -12,12 +15,10 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 from typing import Any
 
-from tornado.process import Subprocess
-
+from vllm_use import children
 from vllm_use.config import child_env
 
 CACHE_S = 60.0
@@ -25,6 +26,7 @@ TIMEOUT_S = 30.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?(?:[.+\-][0-9A-Za-z.+\-]*)?")
 _cache: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+_inflight: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
 
 
 async def probe(name: str, command: str, version_args: tuple[str, ...]) -> dict[str, Any]:
@@ -32,35 +34,36 @@ async def probe(name: str, command: str, version_args: tuple[str, ...]) -> dict[
     path = shutil.which(command)
     if path is None:
         return {"name": name, "status": "missing", "path": None, "version": None, "message": None}
-    path = os.path.realpath(path)
-    cached = _cache.get((name, path))
+    key = (name, os.path.realpath(path))
+    cached = _cache.get(key)
     if cached and time.monotonic() - cached[0] < CACHE_S:
         return cached[1]
-    result = await _run_version(name, path, version_args)
-    _cache[(name, path)] = (time.monotonic(), result)
-    return result
+    running = _inflight.get(key)
+    if running is None:
+        running = _inflight[key] = asyncio.ensure_future(_run_version(name, key[1], version_args))
+        running.add_done_callback(lambda done: _settle(key, done))
+    # shield: a caller that goes away must not cancel the probe the others are waiting for.
+    return await asyncio.shield(running)
+
+
+def _settle(key: tuple[str, str], done: asyncio.Future[dict[str, Any]]) -> None:
+    _inflight.pop(key, None)
+    if not done.cancelled() and done.exception() is None:
+        _cache[key] = (time.monotonic(), done.result())
 
 
 async def _run_version(name: str, path: str, args: tuple[str, ...]) -> dict[str, Any]:
     base = {"name": name, "path": path}
     try:
-        proc = Subprocess(
-            [path, *args],
-            stdout=Subprocess.STREAM,
-            stderr=Subprocess.STREAM,
-            stdin=subprocess.DEVNULL,
-            env=child_env(),
-            start_new_session=True,
-        )
+        # "/" as the working directory, never the server's: nothing there may shape what the tool
+        # imports. It dies with us: a probe outliving vllm-use would be nobody's.
+        proc = children.spawn([path, *args], child_env(), cwd="/", parent_death=True)
     except OSError as exc:
         return {**base, "status": "error", "version": None, "message": f"cannot run: {exc.strerror}"}
+    assert proc.stdout is not None
     try:
-        out, err, code = await asyncio.wait_for(
-            asyncio.gather(
-                proc.stdout.read_until_close(),
-                proc.stderr.read_until_close(),
-                proc.wait_for_exit(raise_error=False),
-            ),
+        output, code = await asyncio.wait_for(
+            asyncio.gather(proc.stdout.read_until_close(), proc.wait_for_exit(raise_error=False)),
             TIMEOUT_S,
         )
     except TimeoutError:
@@ -69,7 +72,7 @@ async def _run_version(name: str, path: str, args: tuple[str, ...]) -> dict[str,
         except ProcessLookupError:
             pass
         return {**base, "status": "error", "version": None, "message": f"no answer within {TIMEOUT_S:.0f} s"}
-    text = _ANSI.sub("", (out + err).decode("utf-8", "replace"))
+    text = _ANSI.sub("", output.decode("utf-8", "replace"))
     if code != 0:
         last = text.strip().splitlines()[-1:] or [""]
         return {**base, "status": "error", "version": None, "message": f"exit {code}: {last[0][:500]}"}

@@ -3,6 +3,13 @@
 Mutations hold the lifecycle lock (shared with `models.delete`) while they
 change what runs; waiting for readiness happens outside it, so `runtime.stop`
 can cancel a start that is still loading.
+
+Two options need the operator's consent, given when vllm-use starts, and are
+refused (400, naming the flag) before anything is stopped or started without
+it: `trust_remote_code` (`--allow-remote-code`: vLLM would run Python code
+shipped with the model) and a `runtime.start` model that is not a directory
+inside the models root, a Hub id included (`--allow-any-model-path`: vLLM would
+read or fetch whatever the caller names). docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -73,7 +80,38 @@ def _bad(field: str, message: str) -> InvalidArguments:
 
 def _check_argv(call: Call, model: str, options: RuntimeOptions) -> None:
     """Everything that would make the spawn fail, checked before anything is stopped."""
+    if options.trust_remote_code and not call.app.config.allow_remote_code:
+        raise _bad(
+            "options.trust_remote_code",
+            "vLLM would run Python code shipped with the model; the operator must start vllm-use "
+            "with --allow-remote-code to allow it",
+        )
     build_argv(call.app.config.vllm_bin, model, options, options.port or call.app.config.runtime_port)
+
+
+async def _direct_target(call: Call, model: str) -> tuple[str, Path | None]:
+    """runtime.start's model as vLLM gets it, and its real path (None for a Hub id).
+
+    Without --allow-any-model-path it must be an absolute path whose real path is a directory
+    inside the models root; it is then passed resolved, so a symlink can't lead vLLM elsewhere.
+    """
+    config = call.app.config
+    if config.allow_any_model_path:
+        real = Path(os.path.realpath(model)) if os.path.isabs(model) else None
+        return model, real
+    consent = "the operator must start vllm-use with --allow-any-model-path to serve it"
+    if not os.path.isabs(model):
+        raise _bad("options.model", f"a Hub id or relative path is outside the models root; {consent}")
+
+    def resolve() -> Path | None:
+        real = Path(os.path.realpath(model))
+        root = Path(os.path.realpath(config.models_dir))
+        return real if root in real.parents and real.is_dir() else None
+
+    real = await asyncio.get_running_loop().run_in_executor(None, resolve)
+    if real is None:
+        raise _bad("options.model", f"{model} is not a directory inside the models root; {consent}")
+    return str(real), real
 
 
 async def _switch_target(call: Call, model_id: str) -> tuple[models.ModelRecord, Path]:
@@ -114,7 +152,8 @@ def register(registry: Registry) -> None:
 
     @registry.method(
         "runtime.start",
-        "Start vllm serve directly on options.model (a directory or Hub id). Returns once healthy.",
+        "Start vllm serve directly on options.model, a directory inside the models root (a Hub id or "
+        "another path needs the operator's --allow-any-model-path). Returns once healthy.",
         StartArgs,
         Status,
         RUNTIME_WRITE,
@@ -130,9 +169,8 @@ def register(registry: Registry) -> None:
                 raise Conflict(
                     f"the runtime is {runtime.state}; use runtime.restart, runtime.switch or stop it"
                 )
-            path = Path(options.model) if os.path.isabs(options.model) else None
-            real = Path(os.path.realpath(path)) if path is not None else None
-            runtime.spawn(options.model, options, active_model_id=None, model_path=real)
+            model, real = await _direct_target(call, options.model)  # just before the spawn
+            runtime.spawn(model, options, active_model_id=None, model_path=real)
         return _with_upstream(call, await runtime.wait_ready())
 
     @registry.method(
@@ -178,6 +216,8 @@ def register(registry: Registry) -> None:
             active, model_path = child.active_model_id, child.model_path
             if active:
                 _, model_path = await _switch_target(call, active)
+            elif options.model is not None:
+                model, model_path = await _direct_target(call, options.model)
             await runtime.stop()
             runtime.spawn(model, options, active_model_id=active, model_path=model_path)
         return _with_upstream(call, await runtime.wait_ready())

@@ -103,6 +103,31 @@ def hub_total(repository: str, revision: str, token: str | None) -> int | None:
         return None
 
 
+def free_bytes(path: Path) -> int:
+    """What an unprivileged writer may still put on `path`'s filesystem (statvfs `f_bavail`)."""
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def disk_shortfall(root: Path, target: Path, total: int) -> str | None:
+    """Why `total` bytes from the hub won't fit under `root`, or None if they do.
+
+    What `target` already holds (a retry's finished files, which hf skips) is not needed again.
+    """
+    needed = max(total - measure(target), 0)
+    free = free_bytes(root)
+    if needed <= free:
+        return None
+    return f"not enough disk space: needs {human_size(needed)}, {human_size(free)} free in {root}"
+
+
+def human_size(size: int) -> str:
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
 def write_log(path: Path, buffer: LogBuffer) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:

@@ -13,6 +13,11 @@ under the target directory (partial files included), measured every
 `POLL_S` in an executor, against the total from the hub's file list; no byte
 progress for `stall_after_s` marks the task stalled (it keeps running; cancel
 works at any moment).
+
+Before `hf` starts, that total (when the hub tells it) is compared with the free
+space of the models dir: a download that can't fit fails at once ("not enough
+disk space: needs …, … free in …") instead of filling the disk. `hf` runs in the
+models dir with `config.child_env()`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ PERSIST_PROGRESS_S = 5.0
 TERM_GRACE_S = 3.0
 REAP_CAP_S = 10.0
 ERROR_MAX = 64 * 1024
+HUB_TOTAL_TIMEOUT_S = 30.0  # the size is only a check: a slow hub costs the check, not the download
 
 Listener = Callable[[dict[str, Any]], None]
 
@@ -285,11 +291,28 @@ class DownloadManager:
             return
         record = await self.get(task_id)  # now running, with started_at
         target = self.root / record.model_id
+        loop = asyncio.get_running_loop()
+        total: int | None = None
         try:
-            await asyncio.get_running_loop().run_in_executor(None, files.prepare_target, self.root, target)
+            await loop.run_in_executor(None, files.prepare_target, self.root, target)
+            total = await self._hub_total(record, token)
+            shortfall = None
+            if total is not None:
+                shortfall = await loop.run_in_executor(None, files.disk_shortfall, self.root, target, total)
             if task_id in self._cancel_requested:  # canceled (or shut down) while we got here
                 await self._finish(
                     task_id, record.model_id, "canceled", model_status="canceled", error="canceled"
+                )
+                return
+            if shortfall is not None:
+                log.warning("download %s: %s", task_id, shortfall)
+                await self._finish(
+                    task_id,
+                    record.model_id,
+                    "failed",
+                    model_status="failed",
+                    error=shortfall,
+                    bytes_total=total,
                 )
                 return
             proc = self._spawn(record, target, token)
@@ -302,9 +325,9 @@ class DownloadManager:
         running = Running(proc, target, asyncio.ensure_future(proc.wait_for_exit(raise_error=False)))
         self._running[task_id] = running
         buffer = self._logs[task_id] = LogBuffer()
-        progress = self._progress[task_id] = Progress()
+        progress = self._progress[task_id] = Progress(total=total)
         await self._emit_task(task_id)
-        poller = asyncio.ensure_future(self._poll(task_id, record, running, progress, token))
+        poller = asyncio.ensure_future(self._poll(task_id, record, running, progress))
         try:
             await children.drain(proc, buffer)
             code = await asyncio.shield(running.exited)
@@ -330,16 +353,24 @@ class DownloadManager:
         else:
             extra["HF_HUB_DISABLE_IMPLICIT_TOKEN"] = "1"  # noqa: S105 - a switch, not a secret
         log.info("download %s: starting hf for %s@%s", record.id, record.repository, record.revision)
-        return children.spawn(argv, child_env(extra), parent_death=True)
+        return children.spawn(argv, child_env(extra), cwd=self.root, parent_death=True)
+
+    async def _hub_total(self, record: tasks.TaskRecord, token: str | None) -> int | None:
+        """The repository's size from the hub's file list, or None if it doesn't say in time."""
+        loop = asyncio.get_running_loop()
+        lookup = loop.run_in_executor(None, files.hub_total, record.repository, record.revision, token)
+        try:
+            return await asyncio.wait_for(lookup, HUB_TOTAL_TIMEOUT_S)
+        except TimeoutError:
+            log.info(
+                "download %s: the hub did not tell the size within %.0f s", record.id, HUB_TOTAL_TIMEOUT_S
+            )
+            return None
 
     async def _poll(
-        self, task_id: str, record: tasks.TaskRecord, running: Running, progress: Progress, token: str | None
+        self, task_id: str, record: tasks.TaskRecord, running: Running, progress: Progress
     ) -> None:
         loop = asyncio.get_running_loop()
-        progress.total = await loop.run_in_executor(
-            None, files.hub_total, record.repository, record.revision, token
-        )
-        token = None
         last_persist = time.monotonic()
         while True:
             done = await loop.run_in_executor(None, files.measure, running.target)

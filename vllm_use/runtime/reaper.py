@@ -1,6 +1,11 @@
 """A tiny shim between vllm-use and `vllm serve`, so nothing outlives vllm-use.
 
-    python -m vllm_use.runtime.reaper PARENT_PID -- vllm serve …
+    python -I -m vllm_use.runtime.reaper PARENT_PID -- vllm serve …
+
+`-I` (isolated): neither the working directory nor PYTHON* variables shape its
+`sys.path`, so a `vllm_use/` lying where the server was started can't stand in
+for this shim; the supervisor also starts it in the child's own scratch
+directory, which vLLM inherits.
 
 vLLM forks its engine (EngineCore, Worker) into the same process group, and a
 SIGKILL of its main process orphans them (~1.3 GB on CPU). A parent-death
@@ -28,7 +33,7 @@ def _kill_group(*_: object) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -m vllm_use.runtime.reaper PARENT_PID -- COMMAND …", file=sys.stderr)
+        print("usage: python -I -m vllm_use.runtime.reaper PARENT_PID -- COMMAND …", file=sys.stderr)
         return 2
     parent, command = int(argv[1]), argv[3:]
     signal.signal(signal.SIGUSR1, _kill_group)

@@ -5,15 +5,23 @@
        │                        │  └─exit / timeout──▶ failed ◀──exit──┘
        └──────── stopping ◀─────┴──────stop─────────────────┘
 
-The child is `python -m vllm_use.runtime.reaper` leading a new session with
-`vllm serve` under it (see reaper.py: if vllm-use dies, the whole group dies).
+The child is `python -I -m vllm_use.runtime.reaper` leading a new session with
+`vllm serve` under it (see reaper.py: if vllm-use dies, the whole group dies),
+isolated (`-I`: no working directory or PYTHON* variables on its `sys.path`) and
+started in its private scratch directory with `config.child_env()`.
 stdout and stderr are one pipe, drained into a bounded `LogBuffer`; a terminal
 state is published only after all output was read. Readiness polls
 `http://127.0.0.1:<port>/health` (no proxies, no redirects; connection refused
-means still loading). Stop: SIGTERM to the group, SIGKILL after the grace
-period, then wait (bounded) until no process of the group is left in /proc.
-Callers hold `Lifecycle.lock` around start/stop; `wait_ready` runs outside it so
-a stop can cancel a start that is still loading.
+means still loading); a 200 counts only once the port's listening socket is
+shown to belong to the child's process group (`port_held_by_group`), so another
+local process that grabbed the port is never taken for vLLM. Stop: SIGTERM to
+the group, SIGKILL after the grace period, then wait (bounded) until no process
+of the group is left in /proc. Callers hold `Lifecycle.lock` around start/stop;
+`wait_ready` runs outside it so a stop can cancel a start that is still loading.
+
+Each child gets a random API key in its environment (`VLLM_API_KEY`, never in
+argv, status or logs): vLLM then refuses `/v1/*` without it, and the gateway
+injects it (`AppContext.upstream_target`), so the loopback port is no open door.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -36,7 +45,7 @@ from tornado.process import Subprocess
 
 from vllm_use import children
 from vllm_use.config import Config, child_env
-from vllm_use.errors import Conflict, ExternalError
+from vllm_use.errors import Conflict, ExternalError, RuntimeFailed
 from vllm_use.logbuffer import LogBuffer
 from vllm_use.runtime.options import RuntimeOptions, build_argv
 
@@ -59,6 +68,7 @@ class Child:
     active_model_id: str | None
     model_path: Path | None
     scratch: Path
+    api_key: str  # the child's VLLM_API_KEY: for the gateway only, never shown
     exited: asyncio.Future[int]
     drained: asyncio.Future[None]
     started_at: float = field(default_factory=time.time)
@@ -83,6 +93,63 @@ def group_members(pgid: int) -> list[int]:
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
             members.append(int(entry))
     return members
+
+
+# /proc/net/tcp{,6} addresses (hex, in the kernel's byte order) that take connections to 127.0.0.1.
+_LOOPBACK_LISTENERS = {
+    "0100007F",  # 127.0.0.1
+    "00000000",  # 0.0.0.0
+    "00000000000000000000000000000000",  # :: (dual-stack)
+    "0000000000000000FFFF00000100007F",  # ::ffff:127.0.0.1
+}
+_TCP_LISTEN = "0A"
+
+
+def listening_inodes(port: int) -> set[int]:
+    """Socket inodes LISTENing on `port` where a connection to 127.0.0.1 could land. Runs in the executor."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except FileNotFoundError:
+            continue  # no IPv6 on this kernel
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 10 or fields[3] != _TCP_LISTEN:
+                continue
+            address, _, hex_port = fields[1].partition(":")
+            if int(hex_port, 16) == port and address in _LOOPBACK_LISTENERS:
+                inodes.add(int(fields[9]))
+    return inodes
+
+
+def socket_inodes(pids: list[int]) -> set[int]:
+    """Inodes of the sockets the processes `pids` hold open (`/proc/<pid>/fd` → `socket:[N]`)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone meanwhile
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def port_held_by_group(port: int, pgid: int) -> bool:
+    """Whether every socket listening on 127.0.0.1:`port` is held by a process of group `pgid`.
+
+    Fails closed: no listener found, or one we can't attribute to the group, is "not ours".
+    Runs in the executor (it walks /proc).
+    """
+    listening = listening_inodes(port)
+    return bool(listening) and listening <= socket_inodes(group_members(pgid))
 
 
 class Supervisor:
@@ -150,19 +217,28 @@ class Supervisor:
             raise Conflict(f"the runtime is {self.state}; stop it first")
         port = options.port or self.config.runtime_port
         argv = build_argv(self.config.vllm_bin, model, options, port)
-        shim = [sys.executable, "-m", "vllm_use.runtime.reaper", str(os.getpid()), "--", *argv]
+        # -I: a `vllm_use/` lying in some working directory, or PYTHONPATH, can't replace the shim.
+        shim = [sys.executable, "-I", "-m", "vllm_use.runtime.reaper", str(os.getpid()), "--", *argv]
         # vLLM puts ZMQ sockets in TMPDIR, and their paths (TMPDIR + 37 characters) must fit in
         # 107: a private short directory per child, removed when its group is gone.
         # mkdtemp: a fresh 0700 directory with a random name, so a shared /tmp is safe here.
         short = "/tmp" if os.path.isdir("/tmp") else None  # noqa: S108
         scratch = tempfile.mkdtemp(prefix="vllm-use-", dir=short)
-        extra = {"PYTHONUNBUFFERED": "1", "TMPDIR": scratch, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        api_key = secrets.token_urlsafe(32)
+        extra = {
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": scratch,
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_API_KEY": api_key,  # the environment, not argv: /proc/<pid>/cmdline is world-readable
+        }
         if options.gpu_ids is not None:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in options.gpu_ids)
         self.logs = LogBuffer()
         self.exit_code, self.error, self.last_lines = None, None, []
         try:
-            proc = children.spawn(shim, child_env(extra), parent_death=False)  # the shim handles it
+            # The shim handles the parent's death; its cwd is the scratch directory, ours alone.
+            proc = children.spawn(shim, child_env(extra), cwd=scratch, parent_death=False)
         except OSError as exc:
             shutil.rmtree(scratch, ignore_errors=True)
             raise ExternalError(f"cannot start the runtime: {exc.strerror}") from None
@@ -177,6 +253,7 @@ class Supervisor:
             active_model_id=active_model_id,
             model_path=model_path,
             scratch=Path(scratch),
+            api_key=api_key,
             exited=asyncio.ensure_future(proc.wait_for_exit(raise_error=False)),
             drained=loop.create_future(),
         )
@@ -197,20 +274,28 @@ class Supervisor:
                 if self.state == "ready" and self.child is child:
                     return self.status()
                 if self.state == "failed":
-                    raise ExternalError(self.error or "vllm failed to start", last_lines=self.last_lines)
+                    raise RuntimeFailed(self.error or "vllm failed to start", last_lines=self.last_lines)
                 raise Conflict(self.error or f"the start was interrupted (runtime {self.state})")
             try:
                 request = HTTPRequest(url, follow_redirects=False, request_timeout=5, connect_timeout=2)
                 response = await client.fetch(request, raise_error=False)
                 if response.code == 200 and self.state == "starting" and self.child is child:
-                    self.state = "ready"
-                    log.info("runtime: %s is ready on port %d", child.model, child.port)
-                    return self.status()
+                    ours = await asyncio.get_running_loop().run_in_executor(
+                        None, port_held_by_group, child.port, child.pgid
+                    )
+                    if self.state == "starting" and self.child is child:
+                        if not ours:
+                            await self._fail(child, f"port {child.port} is held by another process")
+                            raise RuntimeFailed(self.error or "port in use", last_lines=self.last_lines)
+                        self.state = "ready"
+                        log.info("runtime: %s is ready on port %d", child.model, child.port)
+                        return self.status()
+                    continue  # stopped or replaced meanwhile: the top of the loop says how
             except (OSError, HTTPClientError, StreamClosedError):
                 pass  # connection refused: still loading (vLLM opens its port only when ready)
             if time.monotonic() > deadline:
                 await self._fail(child, f"not healthy within {child.options.start_timeout_s} s")
-                raise ExternalError(self.error or "start timed out", last_lines=self.last_lines)
+                raise RuntimeFailed(self.error or "start timed out", last_lines=self.last_lines)
             await asyncio.sleep(POLL_S)
 
     # --- stop ----------------------------------------------------------------------------------
