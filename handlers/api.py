@@ -73,6 +73,8 @@ ROUTES: tuple[Route, ...] = (
     Route("PUT", "/api/settings", "settings.update", body="field:settings"),
     Route("DELETE", "/api/settings/{key}", "settings.delete"),
     Route("GET", "/api/requests/recent", "requests.recent", query=("limit",)),
+    Route("GET", "/api/streams", "streams.list", query=("key_id",)),
+    Route("POST", "/api/streams/cancel", "streams.cancel", body="object"),
 )
 
 # Not registry methods: listings of the registry itself, for admin.read.
@@ -81,6 +83,9 @@ META_SCOPE = MethodScope(api=Scope.ADMIN_READ, mcp=None)
 
 def _not_json(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
+
+
+_EMPTY_OBJECT = re.compile(rb"[ \t\r\n]*\{[ \t\r\n]*\}[ \t\r\n]*")
 
 
 def _coerce_query(annotation: Any, name: str, raw: str) -> Any:
@@ -144,8 +149,11 @@ class RouteHandler(JsonHandler):
                 args.update(value)
             else:
                 args[route.body.removeprefix("field:")] = value
-        elif body.strip():
-            raise InvalidArguments("invalid arguments: this route takes no body", errors=[{"loc": ["body"]}])
+        elif body.strip() and not _EMPTY_OBJECT.fullmatch(body):
+            # A method without arguments takes no body or `{}` (what many clients send), nothing else.
+            raise InvalidArguments(
+                "invalid arguments: this route takes no body (or {})", errors=[{"loc": ["body"]}]
+            )
         for name, values in self.request.query_arguments.items():
             if name not in route.query:
                 raise InvalidArguments(

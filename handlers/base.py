@@ -3,12 +3,16 @@
 - Every response, errors included, carries `Cache-Control: no-store` and
   `Pragma: no-cache` (`set_default_headers` also runs again after `clear()`).
 - Bodies are streamed in and capped at `BODY_LIMIT` whatever the
-  Content-Type (413). What passes the cap is dropped as it arrives, never
-  buffered; the answer is sent once the client has finished sending, so it
-  reads the 413 instead of a connection reset. The server-wide
-  `max_body_size` (app.py) bounds how much is drained.
+  Content-Type (413), counted as they arrive and never buffered past the cap.
+  A `Content-Length` that is not ASCII digits is a 400.
 - `prepare()` authenticates before any body is read, fail closed: only a route
   marked `public` skips it (and nothing under /api or /mcp is).
+- A request refused before its body is read (401, 403, 413, 400 …) is answered
+  at once and never drained: with a body coming, the answer carries
+  `Connection: close` and the connection closes lingering (handlers/server.py),
+  so a client that already sent a small body still reads it; without one, the
+  answer goes out as the verb's and the connection stays open for the next
+  request. A body that passes the cap while it streams in is refused the same way.
 - `write_error` maps the error tree (vllm_use.errors) to HTTP once.
 """
 
@@ -16,23 +20,33 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 import tornado.web
 
+from handlers.server import ServerStream
 from vllm_use.auth import parse_bearer
 from vllm_use.context import AppContext
-from vllm_use.errors import PayloadTooLarge, Unauthenticated, VllmUseError
+from vllm_use.errors import (
+    InvalidArguments,
+    PayloadTooLarge,
+    TooManyRequests,
+    Unauthenticated,
+    VllmUseError,
+)
 from vllm_use.executor import Executor
 from vllm_use.scopes import Identity, Surface
 
 log = logging.getLogger(__name__)
 
 BODY_LIMIT = 1024 * 1024  # /api and /mcp; the gateway has its own 16 MiB cap
+_DECIMAL = re.compile(r"[0-9]{1,18}")  # str.isdigit() also takes "²" or "٣", which int() refuses
 
 
+@tornado.web.stream_request_body
 class JsonHandler(tornado.web.RequestHandler):
-    """Base of every /api and /mcp handler. Subclasses set `surface`."""
+    """Base of every /api, /mcp and /v1 handler. Subclasses set `surface`."""
 
     surface: Surface = Surface.API
     public = False
@@ -42,15 +56,16 @@ class JsonHandler(tornado.web.RequestHandler):
         return PayloadTooLarge(f"request body is larger than {self.body_limit} bytes", limit=self.body_limit)
 
     def initialize(self, app: AppContext, executor: Executor, **kwargs: Any) -> None:
+        super().initialize()
         self.app = app
         self.executor = executor
         self.identity: Identity | None = None
         self._chunks: list[bytes] = []
         self._size = 0
-        self._too_large = False
         self._discard = False
 
     def set_default_headers(self) -> None:
+        super().set_default_headers()
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
         self.set_header("X-Content-Type-Options", "nosniff")
@@ -59,59 +74,102 @@ class JsonHandler(tornado.web.RequestHandler):
     # --- body --------------------------------------------------------------------------------
 
     def check_body_size(self) -> None:
-        declared = self.request.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and int(declared) > self.body_limit:
+        """413 for a declared length over the cap; 400 for one that is not a decimal number."""
+        declared = self.request.headers.get_list("Content-Length")
+        if not declared:
+            return
+        if len(declared) != 1 or not _DECIMAL.fullmatch(declared[0]):
+            raise InvalidArguments(
+                "Content-Length must be one decimal number of bytes", errors=[{"loc": ["Content-Length"]}]
+            )
+        if int(declared[0]) > self.body_limit:
             raise self._too_large_error()
 
     def data_received(self, chunk: bytes) -> None:
-        if self._too_large or self._discard:
+        # Replaces the base, which raises NotImplementedError (it is the streaming hook).
+        if self._discard:
             return
         self._size += len(chunk)
-        if self._size > self.body_limit:
-            self._too_large = True
+        if self._size > self.body_limit:  # a chunked body, or one longer than it said
             self._chunks.clear()
+            self.refuse(self._too_large_error())
             return
         self._chunks.append(chunk)
 
     @property
     def body(self) -> bytes:
-        if self._too_large:
+        if self._size > self.body_limit:
             raise self._too_large_error()
         return b"".join(self._chunks)
+
+    def _body_expected(self) -> bool:
+        headers = self.request.headers
+        return "Transfer-Encoding" in headers or headers.get("Content-Length", "0") != "0"
 
     # --- auth --------------------------------------------------------------------------------
 
     async def authenticate(self) -> Identity:
-        """The caller's identity on this surface, or Unauthenticated (401)."""
-        token = parse_bearer(self.request.headers.get_list("Authorization"))
-        identity = await self.app.auth.authenticate(token)
-        if not identity.valid_on(self.surface):
-            raise Unauthenticated("this credential is not valid here")
+        """The caller's identity on this surface, or Unauthenticated (401) / AuthBusy (429).
+
+        Every refusal is counted by surface (`Authenticator.failures`), never written as a
+        record: a flood of bad credentials must not evict real audit records (docs/auth.md).
+        """
+        try:
+            token = parse_bearer(self.request.headers.get_list("Authorization"))
+            identity = await self.app.auth.authenticate(token)
+            if not identity.valid_on(self.surface):
+                raise Unauthenticated("this credential is not valid here")
+        except (Unauthenticated, TooManyRequests):
+            self.app.auth.failures.record(self.surface)
+            raise
         return identity
 
     async def prepare(self) -> None:
+        """Runs once the headers are in. A refusal with a body coming is answered at once
+        (`refuse`); without one it becomes the verb's answer, keeping the connection."""
+        base = super().prepare()
+        if base is not None:
+            await base
         try:
             await self.before_body()
         except VllmUseError as exc:
-            self.answer_after_body(exc)
+            if self._body_expected():
+                self.refuse(exc)
+            else:
+                self.answer_after_body(exc)
 
     async def before_body(self) -> None:
-        """Checks that run once the headers are in, before the body is read: size cap, then auth.
-
-        A body over the cap is still read (and dropped) up to the server's max_body_size:
-        closing while the client is still sending makes the kernel reset the connection, and
-        the client would never see the 413.
-        """
+        """Checks that run once the headers are in, before the body is read: size cap, then auth."""
         self.check_body_size()
         if not self.public:
             self.identity = await self.authenticate()
 
-    def answer_after_body(self, exc: VllmUseError) -> None:
-        """Answer `exc` instead of running the verb method, once the (discarded) body is read.
+    def refuse(self, exc: VllmUseError) -> None:
+        """Answer `exc` now, whatever of the body is still coming, and close the connection.
 
-        Finishing inside prepare() would leave the body unread, and Tornado would then close a
-        keep-alive connection the client is about to reuse. So the verb method is swapped for
-        this answer, and data_received drops what arrives meanwhile.
+        The answer is complete (Content-Length) and says `Connection: close`; Tornado sends no
+        `100 Continue` after it, drops what arrives and closes the connection once the answer is
+        written. The close lingers (handlers/server.py): a client still sending the small body it
+        announced reads the answer instead of a reset.
+        """
+        stream = getattr(self.request.connection, "stream", None)
+        if isinstance(stream, ServerStream):  # another server (a test's) closes plainly
+            stream.linger_after_close()
+        self._discard = True
+        self._chunks.clear()
+        self.clear()
+        self.set_status(exc.http_status)
+        self.set_header("Connection", "close")
+        self.write_error(exc.http_status, exc_info=(type(exc), exc, None))
+        if not self._finished:
+            self.finish()
+
+    def answer_after_body(self, exc: VllmUseError) -> None:
+        """Answer `exc` instead of running the verb method, for a request without a body.
+
+        Finishing inside prepare() makes Tornado close the connection (it cannot know no body
+        follows), which a keep-alive client is about to reuse. So the verb method is swapped
+        for this answer, which runs at once: there is no body to wait for.
         """
         self._discard = True
         verb = (self.request.method or "get").lower()
@@ -136,12 +194,12 @@ class JsonHandler(tornado.web.RequestHandler):
         return [v for v in ("GET", "POST", "PUT", "DELETE") if type(self).__dict__.get(v.lower())]
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
+        # Replaces the base, which writes an HTML page: every error here is the JSON document.
         if status_code == 405:
             self.set_header("Allow", ", ".join(self.allowed_verbs()))
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        self.error_headers(exc)
         if isinstance(exc, VllmUseError):
-            if isinstance(exc, Unauthenticated):
-                self.set_header("WWW-Authenticate", 'Bearer realm="vllm-use"')
             payload = exc.to_json()
         elif isinstance(exc, tornado.web.HTTPError) or exc is None:
             reason = self._reason or "error"
@@ -157,8 +215,19 @@ class JsonHandler(tornado.web.RequestHandler):
             payload = {"error": {"code": "internal_error", "message": "internal error (see the server log)"}}
         self.finish(json.dumps(payload, separators=(",", ":")))
 
+    def error_headers(self, exc: BaseException | None) -> None:
+        """Headers an error answer carries whatever its body's shape (call from `write_error`:
+        headers set before `send_error` are cleared). A refusal that says when to retry (429, 503)
+        gets `Retry-After`; a missing credential gets `WWW-Authenticate`."""
+        if isinstance(exc, Unauthenticated):
+            self.set_header("WWW-Authenticate", 'Bearer realm="vllm-use"')
+        retry = exc.details.get("retry_after_s") if isinstance(exc, VllmUseError) else None
+        if isinstance(retry, int) and retry > 0:
+            self.set_header("Retry-After", str(retry))
+
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        # Client errors are warnings without tracebacks; server errors get them.
+        # Client errors are warnings without tracebacks (the base would log a traceback for each);
+        # server errors get the base's.
         if isinstance(value, VllmUseError) and value.http_status < 500:
             log.warning(
                 "%s %s -> %s %s", self.request.method, self.request.path, value.http_status, value.code

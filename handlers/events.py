@@ -74,6 +74,8 @@ class DownloadEventsHandler(JsonHandler):
         await self.flush()
 
     def on_connection_close(self) -> None:
+        # The base fails a body read still pending (a GET that announced a body and hung up).
+        super().on_connection_close()
         closed = getattr(self, "_closed", None)
         if closed is not None:
             closed.set()

@@ -28,12 +28,13 @@ from vllm_use.errors import (
     InvalidArguments,
     NotFound,
     PayloadTooLarge,
+    TooManyRequests,
     Unauthenticated,
     UpstreamUnavailable,
     VllmUseError,
 )
 from vllm_use.gateway import streams
-from vllm_use.gateway.aliases import prepare_body
+from vllm_use.gateway.aliases import prepare_body_async
 from vllm_use.gateway.audit import new_audit_id, request_id_or
 from vllm_use.gateway.proxy import RESPONSE_DROP, forward_headers, parse_header_lines
 from vllm_use.gateway.streams import StreamSession
@@ -56,6 +57,8 @@ _ANTHROPIC_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
     502: "api_error",
     500: "api_error",
     400: "invalid_request_error",
@@ -99,28 +102,44 @@ class GatewayHandler(JsonHandler):
     # --- before the body: the size cap is JsonHandler's, with body_limit = 16 MiB -------------
 
     async def authenticate(self) -> Identity:
-        bearer = self.request.headers.get_list("Authorization")
-        api_key = self.request.headers.get_list("X-API-Key")
-        if bearer and api_key:
-            raise Unauthenticated("send either Authorization: Bearer or X-API-Key, not both")
-        if api_key:
-            if not self.anthropic or len(api_key) != 1:
-                raise Unauthenticated("X-API-Key is accepted once, on /v1/messages only")
-            token = parse_bearer([f"Bearer {api_key[0]}"])
-        else:
-            token = parse_bearer(bearer)
-        identity = await self.app.auth.authenticate(token)
-        if not identity.valid_on(Surface.GATEWAY):
-            raise Unauthenticated("this credential is not an inference key")
+        """One `inference` key, or Unauthenticated (401) / AuthBusy (429).
+
+        A refusal is counted by surface (`Authenticator.failures`), never audited: only
+        authenticated requests become audit records, so a flood cannot evict them. An accepted
+        request is registered in `app.live` (removed in `on_finish`), so disabling or deleting its
+        key closes it; nothing awaits between the verification and the registration.
+        """
+        try:
+            bearer = self.request.headers.get_list("Authorization")
+            api_key = self.request.headers.get_list("X-API-Key")
+            if bearer and api_key:
+                raise Unauthenticated("send either Authorization: Bearer or X-API-Key, not both")
+            if api_key:
+                if not self.anthropic or len(api_key) != 1:
+                    raise Unauthenticated("X-API-Key is accepted once, on /v1/messages only")
+                token = parse_bearer([f"Bearer {api_key[0]}"])
+            else:
+                token = parse_bearer(bearer)
+            identity = await self.app.auth.authenticate(token)
+            if not identity.valid_on(Surface.GATEWAY) or identity.key_id is None:
+                raise Unauthenticated("this credential is not an inference key")
+        except (Unauthenticated, TooManyRequests):
+            self.app.auth.failures.record(Surface.GATEWAY)
+            raise
+        connection = self.request.connection
+        stream = getattr(connection, "stream", None)
+        self._live_token = self.app.live.add(
+            identity.key_id, connection.close, lambda: stream is not None and stream.closed()
+        )
         return identity
 
     # --- errors --------------------------------------------------------------------------------
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
+        # Replaces JsonHandler's: the OpenAI or Anthropic error shape, not ours.
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = exc.message if isinstance(exc, VllmUseError) else (self._reason or "error")
-        if isinstance(exc, Unauthenticated):
-            self.set_header("WWW-Authenticate", 'Bearer realm="vllm-use"')
+        self.error_headers(exc)
         if status_code == 405:
             self.set_header("Allow", "POST" if self.request.path != "/v1/models" else "GET")
         if self.anthropic:
@@ -139,10 +158,15 @@ class GatewayHandler(JsonHandler):
             raise tornado.web.HTTPError(405)
         try:
             raw = self.body
-        except PayloadTooLarge as exc:
+            # Off the IOLoop for big bodies: scanning 16 MiB takes a while (vllm_use/gateway/aliases.py).
+            body, self.model_sent, self.streamed = await prepare_body_async(
+                raw, self.app.config.model_aliases
+            )
+        except (PayloadTooLarge, InvalidArguments) as exc:
             self.fail(exc)  # nothing was sent upstream
             return
-        body, self.model_sent, self.streamed = prepare_body(raw, self.app.config.model_aliases)
+        if self._client_gone:
+            return
         conversation = self.request.headers.get_list(streams.HEADER)
         if conversation and path == "chat/completions":
             try:
@@ -172,7 +196,7 @@ class GatewayHandler(JsonHandler):
         try:
             listing = json.loads(payload)
             names = {m.get("id") for m in listing.get("data", [])}
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # not a listing: relayed as it came
             return payload
         for alias, target in self.app.config.model_aliases.items():
             if target in names and alias not in names:
@@ -182,16 +206,18 @@ class GatewayHandler(JsonHandler):
         return json.dumps(listing).encode()
 
     async def _relay(self, method: str, body: bytes | None, rewrite: Any = None) -> None:
-        config = self.app.config
-        url = self.app.upstream_origin() + self.request.uri
+        try:
+            origin, upstream_key = self.app.upstream_target()
+        except UpstreamUnavailable as exc:
+            self.fail(exc)  # nothing was sent upstream
+            return
+        url = origin + self.request.uri
         buffered: list[bytes] | None = [] if rewrite else None
         request = HTTPRequest(
             url,
             method=method,
             body=body,
-            headers=forward_headers(
-                list(self.request.headers.get_all()), config.upstream_api_key, self.request_id
-            ),
+            headers=forward_headers(list(self.request.headers.get_all()), upstream_key, self.request_id),
             follow_redirects=False,
             decompress_response=False,
             connect_timeout=10,
@@ -219,9 +245,9 @@ class GatewayHandler(JsonHandler):
                 self.request.connection.close()
                 return
             if not self._headers_sent:
-                self.fail(
-                    UpstreamUnavailable(f"the upstream {self.app.upstream_origin()} is not answering ({exc})")
-                )
+                # The client learns that much; where the upstream is and why it failed is ours.
+                log.warning("upstream %s is not answering: %r", origin, exc)
+                self.fail(UpstreamUnavailable("upstream unavailable"))
                 return
             # Part of the body is out: cut the client's connection too, so it sees an incomplete
             # response, never a clean end of a truncated stream.
@@ -265,9 +291,22 @@ class GatewayHandler(JsonHandler):
         if not self._headers_sent:
             self._send_headers()
         self.write(chunk)
-        return self.flush()  # the next upstream read waits for this: no unbounded buffering
+        flushed = self.flush()  # the next upstream read waits for this: no unbounded buffering
+        return flushed if self.session is None else self._flush_attached(flushed)
+
+    async def _flush_attached(self, flushed: Any) -> None:
+        """An attached generation outlives its client: a flush that fails because the client left
+        while it was pending must not stop the upstream read (on_connection_close marks the client
+        gone, and the next chunks go to the session only)."""
+        try:
+            await flushed
+        except StreamClosedError:
+            pass
 
     def on_connection_close(self) -> None:
+        # The base fails a body read still pending: without it, a client that hangs up mid-body
+        # leaves this handler (and the body so far) waiting forever.
+        super().on_connection_close()
         if self._upstream_broke or self._stopped:
             return  # we closed it
         self._client_gone = True
@@ -275,11 +314,17 @@ class GatewayHandler(JsonHandler):
             PooledClient.cancel(self._upstream)
 
     def on_finish(self) -> None:
-        key_id = self.identity.key_id if self.identity else None
+        """Tornado runs this once the response is done (or the connection closed under it):
+        forget the request in `app.live` and audit it. A request refused before a key was
+        recognised is not audited: `authenticate` counted it (docs/gateway.md)."""
+        identity = self.identity
+        if identity is None or identity.key_id is None:
+            return
+        self.app.live.remove(identity.key_id, getattr(self, "_live_token", 0))
         self.app.audit.record(
             audit_id=self.audit_id,
             request_id=self.request_id,
-            key_id=key_id,
+            key_id=identity.key_id,
             method=self.request.method or "",
             path=self.request.path,
             model=self.model_sent,
@@ -310,7 +355,8 @@ class StreamHandler(GatewayHandler):
         try:
             conv_id = self._session_id()
             raw_from = self.get_query_argument("from", "0")
-            if not raw_from.isdigit() or len(raw_from) > 18:
+            # ASCII digits only: str.isdigit() also accepts "²" or "٣", which int() refuses.
+            if not (raw_from.isascii() and raw_from.isdigit()) or len(raw_from) > 18:
                 raise streams.StreamArgumentError("from must be a byte offset", loc=["from"])
             assert self.identity is not None and self.identity.key_id is not None
             session = self.app.streams.get(conv_id, self.identity.key_id)
@@ -323,14 +369,32 @@ class StreamHandler(GatewayHandler):
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("X-Accel-Buffering", "no")
         self.streamed = True
+        # Written up to the end of the last whole event, the rest held back (≤ HOLD_MAX_BYTES):
+        # should the replay fail, its error event then starts on an event boundary.
+        held = b""
         try:
             async for chunk in reader:
                 if self._client_gone:
                     break
-                self.write(chunk)
+                data = held + chunk
+                cut = streams.whole_events(data)
+                if not cut and len(data) <= streams.HOLD_MAX_BYTES:
+                    held = data
+                    continue
+                cut = cut or len(data)  # one event larger than we hold: pass it through
+                held = data[cut:]
+                self.write(data[:cut])
                 await self.flush()
-        except (StreamClosedError, streams.OffsetGone):
+            else:
+                self.write(held)  # the stream ended: the rest as it is
+        except StreamClosedError:
             return
+        except streams.OffsetGone as exc:
+            # The reader fell more than the buffer behind: a clean end here would pass a stream
+            # with a hole off as complete. Say so in the stream (the unfinished event held back
+            # is dropped), then end it.
+            log.warning("stream %s: a replay reader fell behind the buffer", conv_id)
+            self.write(streams.error_event(exc))
         if not self._client_gone:
             self.finish()
 
@@ -352,7 +416,10 @@ class StreamHandler(GatewayHandler):
         if path != "streams/lookup":
             raise tornado.web.HTTPError(405)
         try:
-            payload = json.loads(self.body)
+            try:
+                payload = json.loads(self.body)
+            except RecursionError:
+                raise InvalidArguments("invalid JSON: nested too deep", errors=[{"loc": ["body"]}]) from None
             ids = payload.get("conversation_ids") if isinstance(payload, dict) else None
             if not isinstance(ids, list) or len(ids) > 1000 or not all(isinstance(i, str) for i in ids):
                 raise streams.StreamArgumentError(

@@ -4,7 +4,8 @@ One POST carries one JSON-RPC request (or notification); there is no
 `initialize` handshake and no session. Checks run in this order and the first
 failure answers:
 
-    prepare()  Origin / Sec-Fetch-Site ........ 403   (cross-site pages)
+    prepare()  Host ........................... 403   (DNS rebinding)
+               Origin / Sec-Fetch-Site ........ 403   (cross-site pages)
                verb other than POST ........... 405
                declared body size ............. 413
                Bearer credential for /mcp ..... 401 + WWW-Authenticate
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import json
 import logging
 import re
@@ -68,6 +70,7 @@ from mcp_types.jsonrpc import (
     JSONRPCRequest,
 )
 from pydantic import BaseModel, ValidationError
+from tornado.httputil import split_host_and_port
 
 from handlers.base import JsonHandler
 from vllm_use import __version__
@@ -133,6 +136,57 @@ def origin_key(value: str) -> str | None:
     )
 
 
+def _host_name(value: str) -> str | None:
+    """The lowercased host of a `Host` value (`name[:port]`, `[v6]:port`), None if it is not one."""
+    value = value.strip().lower()
+    if not value or any(c in value for c in "/\\@?#% \t"):
+        return None
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0 or (value[end + 1 :] and not re.fullmatch(r":[0-9]{1,5}", value[end + 1 :])):
+            return None
+        return value[1:end]
+    name, port = split_host_and_port(value)
+    if port is None and ":" in value:
+        return None  # "name:" or an IPv6 literal without brackets
+    return name.removesuffix(".")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def allowed_hosts(listen_host: str, trusted_origins: tuple[str, ...]) -> frozenset[str]:
+    """The host names /mcp answers to: the listening host, localhost and the trusted origins' hosts.
+
+    Loopback addresses are always accepted, and on a wildcard listen address (0.0.0.0, ::) any IP
+    literal is too (`host_allowed`): a rebinding attack needs a name the attacker's DNS resolves.
+    """
+    names = {"localhost", listen_host.strip("[]").lower()}
+    for origin in trusted_origins:
+        host = urlsplit(origin).hostname
+        if host:
+            names.add(host.lower())
+    return frozenset(names)
+
+
+def host_allowed(value: str, listen_host: str, allowed: frozenset[str]) -> bool:
+    """Whether one `Host` header value may reach /mcp (see `allowed_hosts`)."""
+    host = _host_name(value)
+    if host is None:
+        return False
+    if host in allowed:
+        return True
+    if not _is_ip(host):
+        return False
+    wildcard = listen_host in ("", "0.0.0.0", "::", "[::]")  # noqa: S104 - comparing, not binding
+    return wildcard or ipaddress.ip_address(host).is_loopback
+
+
 def decode_header_value(value: str) -> str | None:
     """A plain visible-ASCII value as is, or the UTF-8 text inside `=?base64?…?=`.
 
@@ -195,16 +249,25 @@ class McpHandler(JsonHandler):
     surface = Surface.MCP
 
     async def before_body(self) -> None:
-        """Origin (403) → verb (405) → declared size (413) → credential (401), before any body is read.
-
-        The base handler answers a refusal once the (dropped) body has arrived.
-        """
+        """Host (403) → Origin (403) → verb (405) → declared size (413) → credential (401), before
+        any body is read. The base handler answers a refusal at once (`JsonHandler.refuse`)."""
+        if not self._host_allowed():
+            raise PermissionDenied("this Host may not use /mcp (see --trusted-origins)")
         if not self._origin_allowed():
             raise PermissionDenied("this Origin may not use /mcp (see --trusted-origins)")
         if self.request.method != "POST":
             raise MethodNotAllowed("/mcp takes POST only (MCP 2026-07-28, stateless Streamable HTTP)")
         self.check_body_size()
         self.identity = await self.authenticate()
+
+    def _host_allowed(self) -> bool:
+        """Exactly one acceptable `Host` (none at all is HTTP/1.0: no browser, nothing to rebind)."""
+        values = self.request.headers.get_list("Host")
+        if not values:
+            return True
+        config = self.app.config
+        allowed = allowed_hosts(config.host, config.trusted_origins)
+        return len(values) == 1 and host_allowed(values[0], config.host, allowed)
 
     def _origin_allowed(self) -> bool:
         """No Origin and not `Sec-Fetch-Site: cross-site` → allowed; else our own or a trusted origin only."""

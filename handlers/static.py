@@ -5,6 +5,13 @@ gets `index.html` so client-side routes survive a reload, except under the asset
 folders (`js/`, `css/`, `vendor/`), where a missing file is a 404 (a module the
 browser asked for must never be answered with HTML).
 
+Confinement: the path (already percent-decoded by Tornado) is checked as text
+before anything touches the filesystem. An empty, `.` or `..` segment (so `//`,
+a leading `/` and `/js/../x`), a backslash or a NUL is a 404, never a fallback:
+these are no client-side route, and answering them differently by what exists
+outside `static/` would tell which files exist there. A symlink is not served,
+nor a file whose resolved path leaves `static/` (a linked folder).
+
 Caching: every file is served with `Cache-Control: no-cache` and an ETag, so the
 browser revalidates each time (a 304 when unchanged) and an upgrade never shows
 a stale console. The console's HTML also gets a strict Content-Security-Policy:
@@ -44,6 +51,7 @@ class HealthHandler(tornado.web.RequestHandler):
     """Liveness only, no auth."""
 
     def set_default_headers(self) -> None:
+        super().set_default_headers()
         self.set_header("Cache-Control", "no-store")
 
     def get(self) -> None:
@@ -57,16 +65,20 @@ class ConsoleHandler(tornado.web.StaticFileHandler):
         super().initialize(path=path, default_filename=default_filename)
 
     async def get(self, path: str, include_body: bool = True) -> None:
+        if not is_plain_path(path):
+            raise tornado.web.HTTPError(404)
         if path.startswith(NOT_SERVED) or path in NOT_SERVED:
             raise tornado.web.HTTPError(404)  # npm's working files in a checkout
         full = os.path.join(self.root, path)
-        if not path or not os.path.isfile(full) or os.path.islink(full):
+        inside = os.path.realpath(full).startswith(os.path.realpath(self.root) + os.sep)
+        if not path or not inside or not os.path.isfile(full) or os.path.islink(full):
             if path.startswith(ASSET_DIRS):
                 raise tornado.web.HTTPError(404)
             path = "index.html"
         await super().get(path, include_body)
 
     def set_extra_headers(self, path: str) -> None:
+        super().set_extra_headers(path)
         self.set_header("X-Content-Type-Options", "nosniff")
         self.set_header("Cache-Control", "no-cache")
         self.set_header("Referrer-Policy", "no-referrer")
@@ -76,7 +88,18 @@ class ConsoleHandler(tornado.web.StaticFileHandler):
 
     @classmethod
     def get_cache_time(cls, path: str, modified: Any, mime_type: str) -> int:
-        return 0
+        return 0  # replaces the base's policy: always revalidate (module docstring)
+
+
+def is_plain_path(path: str) -> bool:
+    """Whether `path` (relative to static/, decoded) names something inside it: no empty, `.` or
+    `..` segment, no backslash, no NUL. A trailing `/` is allowed (a folder's index)."""
+    if "\\" in path or "\x00" in path:
+        return False
+    if not path:
+        return True
+    segments = path.removesuffix("/").split("/")
+    return all(segment not in ("", ".", "..") for segment in segments)
 
 
 def default_handlers() -> list[tuple[str, type, dict[str, Any]]]:

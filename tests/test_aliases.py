@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import Server, start_server
 from tests.fakeupstream import FakeUpstream, running
-from vllm_use.gateway.aliases import prepare_body
+from vllm_use.errors import InvalidArguments
+from vllm_use.gateway.aliases import MAX_DEPTH, WINDOW, prepare_body
 
 ALIASES = {"fast": "tiny", "big": "llama-3-70b"}
 
@@ -94,6 +98,104 @@ def test_a_model_without_an_alias_is_unchanged_and_reported() -> None:
 )
 def test_a_body_that_is_not_a_json_object_is_returned_unchanged(body: bytes) -> None:
     assert prepare_body(body, ALIASES)[:2] == (body, None)
+
+
+def _random_value(rng: random.Random, depth: int) -> Any:
+    kind = rng.choice(["str", "num", "lit", "list", "dict"] if depth < 6 else ["str", "num", "lit"])
+    if kind == "str":
+        alphabet = ["a", '"', "\\", "/", "\n", "\t", "\u0001", "é", "€", "😀", "{", "]", ",", ":", " "]
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+    if kind == "num":
+        return rng.choice([0, -1, 12345678901234567890, 1.5, -2.5e-300, 1e300])
+    if kind == "lit":
+        return rng.choice([True, False, None])
+    if kind == "list":
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(0, 5))]
+    return {_random_value(rng, 6): _random_value(rng, depth + 1) for _ in range(rng.randrange(0, 5))}
+
+
+def _spaced(text: str, rng: random.Random) -> str:
+    """`text` with random JSON whitespace after each structural character outside strings."""
+    out, in_string, escaped = [], False, False
+    for char in text:
+        out.append(char)
+        if in_string:
+            in_string = escaped or char != '"'
+            escaped = not escaped and char == "\\"
+        elif char == '"':
+            in_string = True
+        elif char in ",:[]{}":
+            out.append(rng.choice(["", "", " ", "\n\t", "\r\n  "]))
+    return "".join(out)
+
+
+def test_the_scan_reads_model_and_stream_as_json_loads_does_on_random_documents() -> None:
+    rng = random.Random(20260728)
+    for _ in range(400):
+        document = {k: _random_value(rng, 1) for k in ("a", "messages", "z")[: rng.randrange(1, 4)]}
+        for key in rng.sample(["model", "stream", "model"], rng.randrange(0, 3)):
+            document[key] = rng.choice(["fast", "big", "other", 7, None, [], ["x"], {}, True, False, ""])
+        items = list(document.items())
+        rng.shuffle(items)
+        text = _spaced(json.dumps(dict(items), ensure_ascii=rng.random() < 0.5), rng)
+        body = text.encode()
+        parsed = json.loads(body)
+        out, sent, stream = prepare_body(body, ALIASES)
+        model = parsed.get("model")
+        assert sent == (model if isinstance(model, str) else None), text
+        assert stream == bool(parsed.get("stream")), text
+        aliased = isinstance(model, str) and model in ALIASES
+        assert json.loads(out) == (dict(parsed, model=ALIASES[model]) if aliased else parsed), text
+        if not aliased:
+            assert out == body
+
+
+def test_strings_crossing_the_scan_window_are_read_whole() -> None:
+    # Long strings (escapes near the window edge included) are taken by scanstring, not the expression.
+    filler = "x" * (WINDOW - 7) + '\\"]}{[' + "y" * WINDOW
+    body = json.dumps({"messages": [{"content": filler}, [filler, {"k": filler}]], "model": "fast"}).encode()
+    out, sent, _ = prepare_body(body, ALIASES)
+    assert sent == "fast" and out == body.replace(b'"model": "fast"', b'"model": "tiny"')
+
+
+def test_nesting_is_refused_past_the_depth_limit_whatever_the_top_level_value() -> None:
+    def nested(levels: int) -> bytes:  # `levels` counts every container, the top-level object too
+        inner = levels - 1
+        return b'{"model":"fast","x":' + b"[" * inner + b"]" * inner + b"}"
+
+    assert prepare_body(nested(MAX_DEPTH), ALIASES)[1] == "fast"
+    for body in (
+        nested(MAX_DEPTH + 1),
+        b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1),
+        b'{"model":"fast","x":' + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"}",
+        b"[" * 100_000 + b"]" * 100_000,
+        b"[" * 100_000,  # not even well-formed: the depth is what is refused first
+    ):
+        with pytest.raises(InvalidArguments, match=f"deeper than {MAX_DEPTH} levels"):
+            prepare_body(body, ALIASES)
+    assert prepare_body(b"[" * MAX_DEPTH + b"]" * MAX_DEPTH, ALIASES) == (
+        b"[" * MAX_DEPTH + b"]" * MAX_DEPTH,
+        None,
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model":"fast","x":[1,2}',
+        b'{"model":"fast","x":{"a":1]}',
+        b'{"model":"fast","x":["a\\q"]}',  # an escape JSON does not have
+        b'{"model":"fast","x":["a\x01"]}',  # a control character in a string
+        b'{"model":"fast","x":[1]]}',
+        b'{"model":"fast","x":\\[]}',
+        b'{"model":"fast" "x":1}',
+        b'{"model" "fast"}',
+        b'{"model":fast}',
+    ],
+)
+def test_a_malformed_body_is_passed_through_unchanged(body: bytes) -> None:
+    assert prepare_body(body, ALIASES) == (body, None, False)
 
 
 def test_rewriting_a_16_mib_prompt_does_not_walk_its_bytes_in_python() -> None:

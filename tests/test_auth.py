@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import secrets
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, Server
@@ -132,3 +135,29 @@ def test_public_test_method_needs_a_credential(shared_server: Server) -> None:
     r = shared_server.fetch("/api/test", "POST", json={"message": "hi"})
     assert r.status_code == 200
     assert r.json() == {"ok": True, "message": "hi", "protocol": "http"}
+
+
+def test_wrong_secrets_for_a_real_prefix_are_401_or_429_never_200_and_counted(server: Server) -> None:
+    """Many concurrent wrong secrets for one real key's display prefix (each would cost a scrypt):
+    refused, some at once beyond the bounded queue, never let through; the key itself still works."""
+    _, secret = server.create_key("admin.read")
+    prefix = secret[:11]  # "vu_" + the 8 characters api_keys.list shows
+    wrong = [prefix + secrets.token_hex(20) for _ in range(48)]
+    before = server.fetch("/api/requests/recent").json()["auth_failures"]["total"]
+
+    def attempt(token: str) -> httpx.Response:
+        with httpx.Client(trust_env=False, timeout=60) as client:
+            return client.get(server.base_url + "/api/system", headers={"Authorization": f"Bearer {token}"})
+
+    with ThreadPoolExecutor(max_workers=len(wrong)) as pool:
+        answers = list(pool.map(attempt, wrong))
+    assert {r.status_code for r in answers} <= {401, 429}, [r.status_code for r in answers]
+    for r in answers:
+        if r.status_code == 429:
+            assert r.json()["error"]["code"] == "auth_busy"
+            assert r.json()["error"]["retry_after_s"] >= 1
+            assert r.headers["Retry-After"] == str(r.json()["error"]["retry_after_s"])
+    after = server.fetch("/api/requests/recent").json()["auth_failures"]
+    assert after["total"] - before == len(wrong)
+    assert after["by_surface"]["api"] >= len(wrong)
+    assert server.fetch("/api/system", token=secret).status_code == 200

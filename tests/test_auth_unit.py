@@ -14,6 +14,7 @@ from vllm_use import auth as auth_mod
 from vllm_use import keys
 from vllm_use.auth import Authenticator, parse_bearer
 from vllm_use.errors import Unauthenticated
+from vllm_use.scopes import Surface
 from vllm_use.storage import ApiKey, Database, now_ms
 
 ADMIN = "unit-admin-token-0123456789"
@@ -187,3 +188,181 @@ def test_a_request_after_disable_does_not_join_an_older_verification(db: Databas
         authenticator.close()
 
     asyncio.run(scenario())
+
+
+# --- the known-prefix scrypt flood (docs/auth.md) ---------------------------------------------------
+
+
+def wrong_secret_for(secret: str) -> str:
+    """Another well-formed secret with the same display prefix: it costs a scrypt, then fails."""
+    return secret[: keys.PREFIX_LEN] + "".join(
+        secrets.choice("abcdefghij") for _ in range(51 - keys.PREFIX_LEN)
+    )
+
+
+def count_prefix_reads(monkeypatch) -> list[str]:
+    reads: list[str] = []
+    real = auth_mod._rows_with_prefix
+
+    def counting(prefix: str):
+        rows = real(prefix)
+        reads.append(prefix)
+        return rows
+
+    monkeypatch.setattr(auth_mod, "_rows_with_prefix", counting)
+    return reads
+
+
+def test_a_flood_on_one_prefix_does_not_hold_up_another_keys_first_verification(
+    db: Database, monkeypatch
+) -> None:
+    """Real scrypt, real SQLite: 32 wrong secrets for one key's prefix are all queued before a
+    different key's first request. It must not wait for the flood: count the flood requests that
+    finished a derivation before it did. (Before the bound: all 32.)"""
+    _, victim = insert_key(db, ["admin.read"])
+    _, other = insert_key(db, ["admin.read"])
+    reads = count_prefix_reads(monkeypatch)
+    finished: list[tuple[str, str]] = []
+
+    async def attempt(tag: str, token: str) -> None:
+        try:
+            await authenticator.authenticate(token)
+            finished.append((tag, "200"))
+        except auth_mod.AuthBusy:
+            finished.append((tag, "429"))
+        except Unauthenticated:
+            finished.append((tag, "401"))
+
+    async def scenario() -> None:
+        flood = [asyncio.ensure_future(attempt("flood", wrong_secret_for(victim))) for _ in range(32)]
+        while len(reads) < 32:  # every flood request has read its rows and asked for scrypt
+            await asyncio.sleep(0.001)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        first = asyncio.ensure_future(attempt("other", other))
+        await asyncio.gather(*flood, first)
+
+    authenticator = Authenticator(db, ADMIN)
+    try:
+        asyncio.run(scenario())
+    finally:
+        authenticator.close()
+    flood_outcomes = [status for tag, status in finished if tag == "flood"]
+    assert set(flood_outcomes) <= {"401", "429"}  # never let through
+    assert "429" in flood_outcomes  # refused at once beyond the bounded queue, not queued
+    position = finished.index(("other", "200"))
+    derived_before = sum(1 for tag, status in finished[:position] if tag == "flood" and status == "401")
+    assert derived_before <= 2, finished
+
+
+def test_one_prefix_admits_one_derivation_and_a_bounded_queue_then_refuses(db: Database, monkeypatch) -> None:
+    _, victim = insert_key(db, ["admin.read"])
+    started, release = hold_scrypt(monkeypatch)
+    reads = count_prefix_reads(monkeypatch)
+
+    async def scenario() -> None:
+        authenticator = Authenticator(db, ADMIN)
+        admitted = [
+            asyncio.ensure_future(authenticator.authenticate(wrong_secret_for(victim)))
+            for _ in range(1 + auth_mod.PREFIX_WAITING_MAX)
+        ]
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        while len(reads) < len(admitted):
+            await asyncio.sleep(0.001)
+        with pytest.raises(auth_mod.AuthBusy) as refused:
+            await authenticator.authenticate(wrong_secret_for(victim))
+        assert refused.value.http_status == 429 and refused.value.details["retry_after_s"] >= 1
+        release.set()
+        for attempt in admitted:
+            with pytest.raises(Unauthenticated):
+                await attempt
+        with pytest.raises(Unauthenticated):  # the queue drained: admitted again
+            await authenticator.authenticate(wrong_secret_for(victim))
+        authenticator.close()
+
+    asyncio.run(scenario())
+
+
+def test_all_prefixes_together_admit_a_bounded_number(db: Database, monkeypatch) -> None:
+    monkeypatch.setattr(auth_mod, "PENDING_MAX", 3)
+    secrets_ = [insert_key(db, ["admin.read"])[1] for _ in range(4)]
+    started, release = hold_scrypt(monkeypatch)
+    reads = count_prefix_reads(monkeypatch)
+
+    async def scenario() -> None:
+        authenticator = Authenticator(db, ADMIN)
+        admitted = [asyncio.ensure_future(authenticator.authenticate(s)) for s in secrets_[:3]]
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        while len(reads) < 3:
+            await asyncio.sleep(0.001)
+        with pytest.raises(auth_mod.AuthBusy):
+            await authenticator.authenticate(secrets_[3])
+        with pytest.raises(Unauthenticated):  # a prefix without a row takes no slot
+            await authenticator.authenticate("vu_" + "Q" * 48)
+        release.set()
+        assert len({(await a).key_id for a in admitted}) == 3
+        assert (await authenticator.authenticate(secrets_[3])).key_id is not None
+        authenticator.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_verified_key_pays_no_scrypt_during_a_flood_on_its_prefix(db: Database, monkeypatch) -> None:
+    _, victim = insert_key(db, ["admin.read"])
+
+    async def scenario() -> None:
+        authenticator = Authenticator(db, ADMIN)
+        await authenticator.authenticate(victim)  # verified once: cached
+        started, release = hold_scrypt(monkeypatch)
+        flood = [
+            asyncio.ensure_future(authenticator.authenticate(wrong_secret_for(victim)))
+            for _ in range(2 * auth_mod.PREFIX_WAITING_MAX)
+        ]
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        identity = await authenticator.authenticate(victim)  # while the flood's scrypt is held
+        assert identity.scopes == {"admin.read"}
+        release.set()
+        outcomes = await asyncio.gather(*flood, return_exceptions=True)
+        assert all(isinstance(o, Unauthenticated | auth_mod.AuthBusy) for o in outcomes)
+        authenticator.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_key_changed_once_its_scrypt_is_done_is_not_handed_out(db: Database, monkeypatch) -> None:
+    """`forget` lands after the publishing UPDATE but before the waiting request resumes: the
+    identity must not slip past the revocation (the handler would register it as live)."""
+    key_id, secret = insert_key(db, ["admin.read"])
+    real_confirm = auth_mod._confirm
+
+    async def scenario() -> None:
+        authenticator = Authenticator(db, ADMIN)
+        loop = asyncio.get_running_loop()
+
+        def confirm_then_revoke(*args):
+            ok = real_confirm(*args)
+            loop.call_soon_threadsafe(authenticator.forget, key_id)  # runs before we resume
+            return ok
+
+        monkeypatch.setattr(auth_mod, "_confirm", confirm_then_revoke)
+        with pytest.raises(Unauthenticated):
+            await authenticator.authenticate(secret)
+        monkeypatch.setattr(auth_mod, "_confirm", real_confirm)
+        assert (await authenticator.authenticate(secret)).key_id == key_id  # not revoked: fine again
+        authenticator.close()
+
+    asyncio.run(scenario())
+
+
+def test_refusals_are_counted_by_surface_with_the_last_time() -> None:
+    failures = auth_mod.AuthFailures()
+    assert failures.snapshot() == {
+        "total": 0,
+        "by_surface": {"api": 0, "mcp": 0, "gateway": 0},
+        "last_at": None,
+    }
+    for surface in (Surface.GATEWAY, Surface.GATEWAY, Surface.MCP):
+        failures.record(surface)
+    snap = failures.snapshot()
+    assert snap["total"] == 3 and snap["by_surface"] == {"api": 0, "mcp": 1, "gateway": 2}
+    assert snap["last_at"] is not None and snap["last_at"] <= now_ms()

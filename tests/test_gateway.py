@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -372,6 +373,23 @@ def test_client_credentials_and_hop_by_hop_headers_are_not_forwarded(
     assert received.header("X-Custom") == "kept"
 
 
+def test_claims_about_the_client_address_are_not_forwarded(
+    gw: Server, key: tuple[str, str], upstream: FakeUpstream
+) -> None:
+    claims = [
+        ("Forwarded", "for=203.0.113.9;proto=https;by=10.0.0.1"),
+        ("X-Real-IP", "203.0.113.9"),
+        ("X-Forwarded-For", "203.0.113.9"),
+        ("X-Forwarded-Host", "admin.example"),
+        ("X-Forwarded-Proto", "https"),
+    ]
+    headers = [("Authorization", f"Bearer {key[1]}"), ("X-Request-ID", "claims"), *claims]
+    status, _, body = raw_request(gw, "POST", "/v1/chat/completions", headers, json.dumps(CHAT).encode())
+    assert status == 200, body
+    (received,) = upstream.received("claims")
+    assert not {name.lower() for name, _ in claims} & received.header_names(), received.headers
+
+
 def test_no_upstream_key_configured_means_no_authorization_upstream(
     tmp_path: Path, upstream: FakeUpstream
 ) -> None:
@@ -656,6 +674,27 @@ def test_upstream_down_is_502_in_the_shape_of_each_surface(
     assert post(gw, "/v1/chat/completions", key[1], CHAT).status_code == 200  # and back
 
 
+def test_a_502_names_neither_the_upstream_nor_its_error_and_the_log_does(
+    gw: Server, key: tuple[str, str], upstream: FakeUpstream
+) -> None:
+    upstream.down()
+    try:
+        answers = [
+            post(gw, "/v1/chat/completions", key[1], CHAT),
+            post(gw, "/v1/messages", key[1], MESSAGE),
+            gw.client.get(gw.base_url + "/v1/models", headers={"Authorization": f"Bearer {key[1]}"}),
+        ]
+    finally:
+        upstream.up()
+    port = str(upstream.port)
+    for r in answers:
+        assert r.status_code == 502, r.text
+        message = r.json()["error"]["message"]
+        assert message == "upstream unavailable", message
+        assert port not in r.text and "127.0.0.1" not in r.text and "refused" not in r.text.lower()
+    assert f"upstream {upstream.url} is not answering" in gw.log()
+
+
 @pytest.mark.parametrize(
     ("path", "status", "body", "content_type"),
     [
@@ -899,14 +938,19 @@ def test_every_gateway_request_is_audited_once(tmp_path: Path, upstream: FakeUps
         statuses = [status for status, *_ in expected.values()]
         assert {s: statuses.count(s) for s in set(statuses)} == {200: 100, 401: 20, 502: 20, 500: 40, 499: 20}
 
-        eventually(lambda: len(recent(srv)) >= 200, timeout=10)
+        # Refused credentials are counted, never audited: they must not evict real records.
+        refused = {rid for rid, (status, *_) in expected.items() if status == 401}
+        audited = {rid: v for rid, v in expected.items() if rid not in refused}
+        eventually(lambda: len(recent(srv)) >= 180, timeout=10)
         time.sleep(0.8)  # another flush: nothing late, nothing twice
         records = recent(srv)
-        assert len(records) == 200
-        assert len({rec["audit_id"] for rec in records}) == 200
+        assert len(records) == 180
+        assert len({rec["audit_id"] for rec in records}) == 180
         by_id = {rec["request_id"]: rec for rec in records}
-        assert set(by_id) == set(expected)
-        for request_id, (status, key_id, path, stream, model) in expected.items():
+        assert set(by_id) == set(audited)
+        failures = srv.fetch("/api/requests/recent").json()["auth_failures"]
+        assert failures["by_surface"]["gateway"] == 20
+        for request_id, (status, key_id, path, stream, model) in audited.items():
             rec = by_id[request_id]
             got = (rec["status"], rec["key_id"], rec["path"], rec["stream"], rec["model"])
             assert got == (status, key_id, path, stream, model), (request_id, rec)

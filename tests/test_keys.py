@@ -142,3 +142,33 @@ def test_key_disabled_by_hand_in_sqlite_is_refused_after_restart(tmp_path) -> No
         assert server.fetch("/api/system", token=secret).status_code == 401
     finally:
         server.stop()
+
+
+def mcp_call(server: Server, key: str, tool: str, arguments: dict) -> dict:
+    r = server.mcp("tools/call", {"name": tool, "arguments": arguments}, token=key)
+    assert r.status_code == 200, r.text
+    return r.json()["result"]
+
+
+def test_an_mcp_admin_key_cannot_mint_or_touch_admin_keys(shared_server: Server) -> None:
+    """mcp.admin manages keys, but not into /api: no scope crosses surfaces, minting included."""
+    _, agent = shared_server.create_key("mcp.admin", name="agent")
+    admin_id, admin_secret = shared_server.create_key("admin.read", name="operator's reader")
+    minted = mcp_call(shared_server, agent, "api_keys.create", {"name": "x", "scopes": ["admin.write"]})
+    assert minted["isError"] and "managed over /api only" in minted["content"][0]["text"]
+    mixed = {"name": "x", "scopes": ["mcp.read", "admin.read"]}
+    assert mcp_call(shared_server, agent, "api_keys.create", mixed)["isError"]
+    for tool in ("api_keys.disable", "api_keys.enable", "api_keys.delete"):
+        refused = mcp_call(shared_server, agent, tool, {"id": admin_id})
+        assert refused["isError"] and "managed over /api only" in refused["content"][0]["text"], tool
+    assert shared_server.fetch("/api/system", token=admin_secret).status_code == 200  # untouched
+    # Keys of its own surface, and inference keys, it may create and change.
+    made = mcp_call(
+        shared_server, agent, "api_keys.create", {"name": "y", "scopes": ["mcp.read", "inference"]}
+    )
+    assert not made.get("isError"), made
+    made_id = made["structuredContent"]["key"]["id"]
+    assert not mcp_call(shared_server, agent, "api_keys.disable", {"id": made_id}).get("isError")
+    assert not mcp_call(shared_server, agent, "api_keys.delete", {"id": made_id}).get("isError")
+    # Over /api, an admin may still do all of it.
+    assert shared_server.fetch(f"/api/keys/{admin_id}/disable", "POST").status_code == 200

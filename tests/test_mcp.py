@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,6 +24,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY
 
 from handlers.base import BODY_LIMIT
+from handlers.mcp import allowed_hosts, host_allowed
 from tests.conftest import ADMIN_TOKEN, Server, start_server
 from vllm_use import __version__
 from vllm_use.abilities import build_registry
@@ -495,6 +497,9 @@ def test_trusted_origin_is_served(tmp_path: Path) -> None:
         trusted = [("Origin", "http://console.example:9000"), ("Sec-Fetch-Site", "cross-site")]
         response = rpc(server, secret, "tools/list", headers=routing_headers("tools/list") + trusted)
         assert response.status_code == 200, response.text
+        as_named = [("Host", "console.example:9000"), *trusted]  # reached under the trusted name
+        response = rpc(server, secret, "tools/list", headers=routing_headers("tools/list") + as_named)
+        assert response.status_code == 200, response.text
         other = [("Origin", "http://console.example:9001")]
         assert (
             rpc(server, secret, "tools/list", headers=routing_headers("tools/list") + other).status_code
@@ -502,6 +507,57 @@ def test_trusted_origin_is_served(tmp_path: Path) -> None:
         )
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        pytest.param(["evil.example"], id="foreign-name"),
+        pytest.param(["evil.example:{port}"], id="foreign-name-our-port"),
+        pytest.param(["127.0.0.1.evil.example:{port}"], id="loopback-lookalike"),
+        pytest.param(["10.1.2.3:{port}"], id="other-ip-on-loopback-listener"),
+    ],
+)
+def test_a_host_this_server_is_not_is_403_before_credentials(shared_server: Server, hosts: list[str]) -> None:
+    # DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 sends its own Host.
+    port = shared_server.base_url.rsplit(":", 1)[1]
+    headers = [*routing_headers("tools/list"), *(("Host", h.format(port=port)) for h in hosts)]
+    response = post(shared_server, None, request_body("tools/list"), headers)
+    assert response.status_code == 403, response.text
+    assert response.json()["error"]["code"] == "permission_denied"
+
+
+@pytest.mark.parametrize("hosts", [["localhost:{port}", "evil.example"], ["user@localhost:{port}"]])
+def test_a_repeated_or_malformed_host_never_reaches_mcp(shared_server: Server, hosts: list[str]) -> None:
+    port = int(shared_server.base_url.rsplit(":", 1)[1])
+    body = json.dumps(request_body("tools/list")).encode()
+    lines = ["POST /mcp HTTP/1.1", *(f"Host: {h.format(port=port)}" for h in hosts)]
+    lines += [f"{k}: {v}" for k, v in routing_headers("tools/list")] + [f"Content-Length: {len(body)}"]
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # httpx sends one Host only
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        status_line = sock.makefile("rb").readline()
+    assert status_line.split()[1] in (b"400", b"403"), status_line  # Tornado answers 400 for some itself
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost:{port}", "127.0.0.1:{port}", "127.0.0.5", "LocalHost", "[::1]:{port}"]
+)
+def test_loopback_hosts_are_served(shared_server: Server, keys: dict[str, str], host: str) -> None:
+    port = shared_server.base_url.rsplit(":", 1)[1]
+    headers = [*routing_headers("tools/list"), ("Host", host.format(port=port))]
+    assert rpc(shared_server, keys["read"], "tools/list", headers=headers).status_code == 200
+
+
+def test_the_host_rule_on_a_wildcard_listener_takes_ip_literals_but_no_other_names() -> None:
+    for listen in ("0.0.0.0", "::"):  # noqa: S104 - a listen address, not a bind
+        allowed = allowed_hosts(listen, ("https://console.example",))
+        assert host_allowed("192.168.1.20:8080", listen, allowed)
+        assert host_allowed("[fe80::1]:8080", listen, allowed)
+        assert host_allowed("console.example", listen, allowed)
+        assert not host_allowed("evil.example", listen, allowed)
+    named = allowed_hosts("box.lan", ())
+    assert host_allowed("box.lan:8080", "box.lan", named) and host_allowed("127.0.0.1", "box.lan", named)
+    assert not host_allowed("192.168.1.20", "box.lan", named)
 
 
 def test_admin_token_is_401_with_www_authenticate(shared_server: Server) -> None:

@@ -50,6 +50,8 @@ S3_0: dict[str, tuple[str, str]] = {
     "settings.update": ("admin.write", "mcp.admin"),
     "settings.delete": ("admin.write", "mcp.admin"),
     "requests.recent": READ,
+    "streams.list": ("admin.read", "mcp.admin"),
+    "streams.cancel": ("admin.write", "mcp.admin"),
 }
 SCOPES = ("admin.read", "admin.write", "mcp.read", "mcp.models", "mcp.runtime", "mcp.admin", "inference")
 IDENTITIES = ("admin-token", *SCOPES)
@@ -146,3 +148,13 @@ def test_unknown_tool_and_forbidden_tool_look_the_same(matrix: tuple[Server, dic
     forbidden = server.mcp("tools/call", {"name": "api_keys.list", "arguments": {}}, token=tokens["mcp.read"])
     assert unknown.status_code == forbidden.status_code
     assert unknown.json()["error"]["code"] == forbidden.json()["error"]["code"]
+
+
+@pytest.mark.parametrize("who", ["mcp.read", "mcp.admin"])
+def test_mcp_status_counts_the_tools_this_key_sees(matrix: tuple[Server, dict[str, str]], who: str) -> None:
+    server, tokens = matrix
+    listed = server.mcp("tools/list", token=tokens[who]).json()["result"]["tools"]
+    status = server.mcp("tools/call", {"name": "mcp.status", "arguments": {}}, token=tokens[who]).json()
+    assert status["result"]["structuredContent"]["tool_count"] == len(listed)
+    over_api = server.fetch("/api/mcp").json()
+    assert over_api["tool_count"] == len(METHODS)  # the console's "N in all"

@@ -57,6 +57,24 @@ def test_port_is_closed_after_shutdown(tmp_path: Path) -> None:
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
+def test_connections_half_sent_refused_or_over_the_cap_do_not_hold_up_shutdown(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "data", "--max-connections", "8")
+    port = port_of(server)
+    server.client.close()  # its kept-alive connection would take one of the 8 places
+    held: list[socket.socket] = []
+    try:
+        for _ in range(20):  # a body announced and never sent: refused (401), lingering, or a 503
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"POST /api/keys HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n{")
+            held.append(sock)
+        code, elapsed = timed_stop(server, signal.SIGTERM)
+        assert code == 0, server.log()
+        assert elapsed < EXIT_WITHIN_S
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_key_used_just_before_sigterm_has_its_last_use_persisted(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     server = start_server(data_dir)

@@ -8,6 +8,7 @@ the option, nothing listens, and a refused file is left exactly as it was.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import sqlite3
 import stat
@@ -290,3 +291,46 @@ def test_configured_admin_token_never_appears_in_the_server_log(tmp_path: Path) 
     assert secret not in log
     # No admin token file is created when one is configured.
     assert not (tmp_path / "data" / "admin-token").exists()
+
+
+# --- the connection cap and the open-file limit ---------------------------------------------------
+
+
+def run_with_nofile(data_dir: Path, soft: int, hard: int, *flags: str) -> subprocess.Popen[str]:
+    """`vllm-use serve` with RLIMIT_NOFILE set to (soft, hard) before it starts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_USE_")}
+    env.update({"VLLM_USE_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONUNBUFFERED": "1"})
+    args = ["--port", str(free_port()), "--data-dir", str(data_dir), *flags]
+    return subprocess.Popen(
+        [sys.executable, "-m", "vllm_use", "serve", *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+    )
+
+
+def test_a_max_connections_the_open_file_limit_cannot_hold_refuses_to_start(tmp_path: Path) -> None:
+    proc = run_with_nofile(tmp_path / "data", 256, 256, "--max-connections", "100")
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2, output
+    assert "--max-connections" in output and "RLIMIT_NOFILE 256" in output
+    assert "listening" not in output
+
+
+def test_the_open_file_soft_limit_is_raised_to_the_hard_limit_before_the_cap_is_derived(
+    tmp_path: Path,
+) -> None:
+    proc = run_with_nofile(tmp_path / "data", 256, 2048)
+    try:
+        assert proc.stdout is not None
+        line = ""
+        for line in proc.stdout:  # ends when the server exits
+            if "listening" in line:
+                break
+        assert "(at most 928 connections)" in line, line  # (2048 - 192 reserved) / 2
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)

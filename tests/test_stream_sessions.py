@@ -1,10 +1,14 @@
 """Stream sessions and their registry (S5.1, S5.2): a 4 MiB buffer of the raw SSE bytes addressed by
 absolute offsets, readers that replay then follow without spinning, ownership by API key, one live
-session per conversation id, TTL gc and a bounded number of sessions."""
+session per conversation id, TTL gc, a bounded number of sessions, per-key caps on live and kept
+sessions, a byte budget over all buffers, and revocation of a key's sessions."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import random
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,6 +18,8 @@ from vllm_use.gateway import streams
 from vllm_use.gateway.streams import (
     BUFFER_BYTES,
     GC_INTERVAL_S,
+    MAX_KEPT_PER_KEY,
+    MAX_LIVE_PER_KEY,
     READ_CHUNK_BYTES,
     TTL_S,
     OffsetGone,
@@ -21,7 +27,10 @@ from vllm_use.gateway.streams import (
     StreamRegistry,
     StreamSession,
     TooManySessions,
+    TooManyStreams,
+    error_event,
     parse_conversation_id,
+    whole_events,
 )
 
 MiB = 1024 * 1024
@@ -56,6 +65,7 @@ class Canceller:
 
 def test_constants_match_the_spec() -> None:
     assert (BUFFER_BYTES, TTL_S, GC_INTERVAL_S, streams.MAX_SESSIONS) == (4 * MiB, 300, 60, 10000)
+    assert (MAX_LIVE_PER_KEY, MAX_KEPT_PER_KEY, streams.BYTE_BUDGET) == (8, 32, 256 * MiB)
 
 
 # --- parse_conversation_id ------------------------------------------------------------------------------
@@ -449,3 +459,178 @@ def test_full_registry_evicts_the_oldest_finished_session(monkeypatch: pytest.Mo
     assert len(registry) == 3
     registry.create("c", "alice", None)  # replacing never needs room
     assert len(registry) == 3
+
+
+# --- per-key caps, the byte budget, revocation ------------------------------------------------------
+
+
+def held_total(registry: StreamRegistry) -> int:
+    return sum(s.held_bytes for s in registry.sessions())
+
+
+def test_a_key_over_its_live_cap_is_refused_and_nothing_changes() -> None:
+    registry = StreamRegistry()
+    cancellers = [Canceller() for _ in range(MAX_LIVE_PER_KEY)]
+    for i, canceller in enumerate(cancellers):
+        registry.create(f"c{i}", "alice", None).set_canceller(canceller)
+    with pytest.raises(TooManyStreams) as refused:
+        registry.create("one-more", "alice", None)
+    assert refused.value.http_status == 429 and refused.value.code == "too_many_streams"
+    assert refused.value.details["retry_after_s"] > 0
+    assert registry.get("one-more", "alice") is None
+    assert [c.calls for c in cancellers] == [0] * MAX_LIVE_PER_KEY
+    assert len(registry) == MAX_LIVE_PER_KEY
+    registry.create("c0", "alice", None)  # replacing a live one does not add one
+    assert cancellers[0].calls == 1
+    registry.create("b", "bob", None)  # another key has its own cap
+    registry.get("c1", "alice").finish()  # type: ignore[union-attr]
+    registry.create("now-fits", "alice", None)
+    assert registry.live_count("alice") == MAX_LIVE_PER_KEY
+
+
+def test_a_key_keeps_at_most_its_cap_of_finished_sessions_oldest_dropped_first() -> None:
+    registry = StreamRegistry()
+    registry.create("theirs", "bob", None).finish()
+    for i in range(MAX_KEPT_PER_KEY + 5):
+        session = registry.create(f"c{i}", "alice", None)
+        session.append(b"x" * 100)
+        session.finish()
+    kept = [s.conversation_id for s in registry.sessions("alice")]
+    assert kept == [f"c{i}" for i in range(5, MAX_KEPT_PER_KEY + 5)]
+    assert registry.get("theirs", "bob") is not None  # another key's are not touched
+    assert registry.held_bytes == held_total(registry) == MAX_KEPT_PER_KEY * 100
+
+
+def test_the_byte_budget_drops_finished_sessions_oldest_first_and_never_live_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(streams, "BYTE_BUDGET", 1000)
+    registry = StreamRegistry()
+    old, newer = registry.create("old", "alice", None), registry.create("newer", "bob", None)
+    for session in (old, newer):
+        session.append(b"x" * 300)
+        session.finish()
+    live = registry.create("live", "carol", None)
+    live.append(b"y" * 300)
+    assert registry.held_bytes == 900
+    live.append(b"y" * 200)  # 1100 > 1000: the oldest finished goes, the live one stays
+    assert registry.get("old", "alice") is None
+    assert registry.get("newer", "bob") is newer
+    assert registry.held_bytes == held_total(registry) == 800
+    live.append(b"y" * 600)  # 1400: no finished session can make up for it any more but newer
+    assert registry.get("newer", "bob") is None
+    assert registry.get("live", "carol") is live and live.held_bytes == 1100
+    with pytest.raises(TooManySessions):  # only live bytes over the budget: a new one is refused
+        registry.create("another", "dave", None)
+    live.finish()
+    registry.create("another", "dave", None)  # the finished one made room
+    assert registry.get("live", "carol") is None
+
+
+def test_a_finished_session_gives_its_slack_back() -> None:
+    session = StreamSession("c", "key", None)
+    for _ in range(100):
+        session.append(b"z" * 50_000)  # 5 MB through a 4 MiB buffer
+    allocated = sys.getsizeof(session._buf)
+    assert allocated > session.held_bytes + 100_000  # the bytearray keeps what it grew to
+    session.finish()
+    assert sys.getsizeof(session._buf) < session.held_bytes + 100
+    assert run(collect(session, session.dropped_bytes)) == b"z" * BUFFER_BYTES
+
+
+def test_held_bytes_stays_the_sum_of_the_buffers_whatever_happens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streams, "BYTE_BUDGET", 50_000)
+    monkeypatch.setattr(streams, "MAX_KEPT_PER_KEY", 3)
+    rng = random.Random(7)
+    registry = StreamRegistry()
+    owners, ids = ["a", "b", "c"], [f"c{i}" for i in range(6)]
+    for _ in range(2000):
+        owner, conv = rng.choice(owners), rng.choice(ids)
+        action = rng.random()
+        session = registry.get(conv, owner)
+        try:
+            if session is None or action < 0.2:
+                registry.create(conv, owner, None)
+            elif action < 0.7:
+                session.append(b"d" * rng.randint(1, 9000))
+            elif action < 0.85:
+                session.finish()
+            elif action < 0.95:
+                registry.delete(conv, owner)
+            else:
+                registry.revoke(owner, drop=rng.random() < 0.5)
+        except (TooManySessions, TooManyStreams):
+            pass
+        assert registry.held_bytes == held_total(registry)
+        for who in owners:
+            mine = registry.sessions(who)
+            assert registry.live_count(who) == sum(not s.is_done for s in mine) <= MAX_LIVE_PER_KEY
+            assert sum(s.is_done for s in mine) <= 3
+
+
+def test_revoking_a_key_cancels_its_live_sessions_and_on_delete_drops_them_all() -> None:
+    async def main() -> None:
+        registry = StreamRegistry()
+        canceller, theirs = Canceller(), Canceller()
+        live = registry.create("live", "alice", None)
+        live.set_canceller(canceller)
+        registry.create("done", "alice", None).finish()
+        registry.create("other", "bob", None).set_canceller(theirs)
+        reader = asyncio.create_task(collect(live, 0))
+        await asyncio.sleep(0.01)
+        assert registry.revoke("alice", drop=False) == 1  # disabled: stopped, kept for replay
+        assert canceller.calls == 1 and live.is_cancelled
+        await asyncio.wait_for(reader, 1)
+        assert {s.conversation_id for s in registry.sessions("alice")} == {"live", "done"}
+        assert registry.revoke("alice", drop=True) == 0  # deleted: nothing of it is left
+        assert registry.sessions("alice") == []
+        assert theirs.calls == 0 and registry.live_count("bob") == 1
+        assert registry.held_bytes == held_total(registry)
+
+    run(main())
+
+
+def test_the_admin_view_names_owner_model_state_and_bytes() -> None:
+    registry = StreamRegistry()
+    session = registry.create("conv", "alice", "org/model")
+    session.append(b"abc")
+    assert session.describe_for_admin() | {"started_at": None} == {
+        "key_id": "alice",
+        "conversation_id": "conv",
+        "model": "org/model",
+        "state": "live",
+        "total_bytes": 3,
+        "held_bytes": 3,
+        "dropped_bytes": 0,
+        "started_at": None,
+        "completed_at": None,
+    }
+    session.cancel()
+    assert session.describe_for_admin()["state"] == "cancelled"
+    done = registry.create("done", "alice", None)
+    done.finish()
+    assert done.describe_for_admin()["state"] == "done"
+
+
+def test_the_error_event_is_one_sse_event_with_the_error_code() -> None:
+    event = error_event(OffsetGone("reader at 5 fell behind"))
+    assert event.startswith(b"event: error\ndata: ") and event.endswith(b"\n\n")
+    assert event.count(b"\n\n") == 1
+    payload = json.loads(event.split(b"data: ", 1)[1])
+    assert payload == {"error": {"code": "offset_gone", "message": "reader at 5 fell behind"}}
+
+
+@pytest.mark.parametrize(
+    ("data", "whole"),
+    [
+        (b"", 0),
+        (b"data: {", 0),
+        (b"data: 1\n", 0),
+        (b"data: 1\n\n", 9),
+        (b"data: 1\n\ndata: 2", 9),
+        (b"data: 1\n\ndata: 2\n\n", 18),
+        (b"event: e\r\ndata: 1\r\n\r\ndata", 21),
+    ],
+)
+def test_whole_events_ends_at_the_last_blank_line(data: bytes, whole: int) -> None:
+    assert whole_events(data) == whole

@@ -1,7 +1,8 @@
 """Wiring: build the context from a Config, the Tornado Application, and run until a signal.
 
-Start-up order (everything validated before listening): directories made safe
-→ admin token → SQLite opened and migrated → registry → listen. Shutdown on
+Start-up order (everything validated before listening): the connection cap
+fitted to the open-file limit → directories made safe → admin token → SQLite
+opened and migrated → registry → listen (handlers/server.py). Shutdown on
 SIGTERM/SIGINT: stop accepting, let in-flight requests finish briefly, flush
 coalesced key usage, close SQLite, exit 0 (non-zero if a final state could not
 be persisted).
@@ -10,18 +11,19 @@ be persisted).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import secrets
 import signal
 from typing import Any
 
-import tornado.httpserver
 import tornado.web
 from tornado.ioloop import PeriodicCallback
 
 from handlers import api, events, gateway, mcp, static
 from handlers.base import NotFoundJson
+from handlers.server import GuardedHTTPServer, connection_limit
 from vllm_use import fsafety
 from vllm_use.abilities import build_registry
 from vllm_use.auth import FLUSH_S, Authenticator
@@ -31,6 +33,7 @@ from vllm_use.downloads.manager import DownloadManager
 from vllm_use.errors import ConfigError
 from vllm_use.executor import Executor
 from vllm_use.gateway.audit import AuditWriter
+from vllm_use.gateway.live import LiveRequests
 from vllm_use.gateway.streams import StreamRegistry
 from vllm_use.gateway.upstream import PooledClient
 from vllm_use.recovery import recover
@@ -39,9 +42,10 @@ from vllm_use.storage import Database
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 3.0
-# Bodies over a handler's cap are drained (and dropped) up to this, so clients read the 413;
-# beyond it Tornado itself answers 400 and closes.
-MAX_BODY_DRAINED = 64 * 1024 * 1024
+# A backstop above every handler's own cap (16 MiB on /v1), which refuses first (413); beyond it
+# Tornado itself answers 400 and closes.
+MAX_BODY_SIZE = 17 * 1024 * 1024
+IDLE_CONNECTION_S = 60  # also the time a client has to send a request's headers
 
 
 def admin_token(config: Config) -> str:
@@ -49,7 +53,7 @@ def admin_token(config: Config) -> str:
     if config.admin_token:
         log.info("admin token: taken from --admin-token / VLLM_USE_ADMIN_TOKEN")
         return config.admin_token
-    path = config.admin_token_file
+    path = config.bootstrap_token_path
     if not path.exists() and not path.is_symlink():
         fsafety.create_secret_file(path, "vua_" + secrets.token_urlsafe(32), option="--data-dir")
         log.info("admin token: created %s (mode 0600); read it from there", path)
@@ -59,7 +63,12 @@ def admin_token(config: Config) -> str:
 
 
 def build_context(config: Config) -> AppContext:
-    """Synchronous start-up work; raises ConfigError before anything listens."""
+    """Synchronous start-up work; raises ConfigError before anything listens.
+
+    The context's config has `max_connections` resolved (`connection_limit`): what was asked
+    for, or what the open-file limit allows.
+    """
+    config = dataclasses.replace(config, max_connections=connection_limit(config.max_connections))
     fsafety.secure_dir(config.data_dir, option="--data-dir")
     fsafety.secure_dir(config.models_dir, option="--models-dir")
     if config.hf_cache_dir:
@@ -85,6 +94,7 @@ def build_context(config: Config) -> AppContext:
         audit=AuditWriter(db, config.max_audit_records),
         gateway_client=PooledClient(force_instance=True),
         streams=StreamRegistry(),
+        live=LiveRequests(),
     )
     app.lifecycle.add_running_check(app.runtime.is_running)
     return app
@@ -104,19 +114,35 @@ def make_app(app: AppContext) -> tornado.web.Application:
     return tornado.web.Application(handlers, xheaders=False, compress_response=False)
 
 
+def make_server(app: AppContext) -> GuardedHTTPServer:
+    """The HTTP server with every connection limit (docs/security.md); call `listen` or
+    `add_sockets` on it from the IOLoop."""
+    config = app.config
+    return GuardedHTTPServer(
+        make_app(app),
+        max_connections=config.max_connections or connection_limit(None),
+        max_body_size=MAX_BODY_SIZE,
+        idle_connection_timeout=IDLE_CONNECTION_S,
+        body_timeout=config.body_timeout,
+    )
+
+
 async def run(app: AppContext) -> int:
     """Serve until SIGTERM/SIGINT, then shut down cleanly. Returns the exit status."""
     config = app.config
-    server = tornado.httpserver.HTTPServer(
-        make_app(app), max_body_size=MAX_BODY_DRAINED, idle_connection_timeout=60
-    )
+    server = make_server(app)
     server.listen(config.port, address=config.host)
     # Everything built so far lives as long as the process. Moving it out of the cyclic collector's
     # reach makes a full collection scan only what requests allocate: without this, a
     # generation-2 collection stalls the loop for 40-100 ms now and then under load.
     gc.collect()
     gc.freeze()
-    log.info("vllm-use listening on http://%s:%d", config.host, config.port)
+    log.info(
+        "vllm-use listening on http://%s:%d (at most %d connections)",
+        config.host,
+        config.port,
+        server.max_connections,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

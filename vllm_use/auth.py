@@ -18,25 +18,38 @@ Design (docs/auth.md has the long form):
   bounds how long an edit made outside this process goes unnoticed.
 - `last_used_at` of cached hits is coalesced in memory and flushed every
   `FLUSH_S` and at shutdown with an UPDATE that never moves it backwards.
+- scrypt is the expensive step, and anyone who knows a key's display prefix
+  can make us pay it with wrong secrets. So per prefix at most one derivation
+  runs and `PREFIX_WAITING_MAX` wait (FIFO), and at most `PENDING_MAX` are
+  admitted across all prefixes; beyond either, the request is refused at once
+  with `AuthBusy` (429), never queued and never let through. A flood on one
+  prefix then delays only that key's *first* verification: other keys' first
+  verifications get the other crypto thread or the next turn, and cached keys
+  pay no scrypt at all. A token whose prefix matches no row costs one indexed
+  query and no scrypt, so it takes no slot.
+- Refusals are counted in memory by surface (`AuthFailures`), never written:
+  a flood of bad credentials cannot evict audit records or grow a table.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.hazmat.primitives import constant_time
 
 from vllm_use import keys
-from vllm_use.errors import CorruptRecord, Unauthenticated
-from vllm_use.scopes import ADMIN_TOKEN_IDENTITY, Identity
+from vllm_use.errors import CorruptRecord, TooManyRequests, Unauthenticated
+from vllm_use.scopes import ADMIN_TOKEN_IDENTITY, Identity, Surface
 from vllm_use.storage import Database, now_ms
 
 log = logging.getLogger(__name__)
@@ -44,6 +57,10 @@ log = logging.getLogger(__name__)
 REVALIDATE_S = 30.0
 FLUSH_S = 10.0
 CACHE_MAX = 10_000
+PREFIX_WAITING_MAX = 4  # derivations waiting behind the one running, per key prefix
+PENDING_MAX = 64  # derivations admitted (running or waiting), all prefixes together
+RETRY_AFTER_S = 1
+BUSY_LOG_EVERY_S = 10.0
 _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=")
 _MAX_TOKEN = 512
 
@@ -59,6 +76,42 @@ def parse_bearer(values: list[str]) -> str:
     if not token or not _TOKEN_CHARS.issuperset(token):
         raise Unauthenticated("expected Authorization: Bearer <token>")
     return token
+
+
+class AuthBusy(TooManyRequests):
+    """Too many first verifications are waiting for this key prefix, or for all (429)."""
+
+    code = "auth_busy"
+
+
+class AuthFailures:
+    """Refused authentications, counted in memory by surface, with the time of the last one.
+
+    Handlers call `record` wherever they refuse a credential (401, or 429 `AuthBusy`). Counting
+    is all it does: no row, no log line per refusal, so a flood costs an integer increment. A
+    metrics exporter can read `total`, `by_surface` and `last_at` as they are.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.by_surface: dict[str, int] = {surface.value: 0 for surface in Surface}
+        self.last_at: int | None = None  # unix ms
+
+    def record(self, surface: Surface) -> None:
+        self.total += 1
+        self.by_surface[surface.value] += 1
+        self.last_at = now_ms()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"total": self.total, "by_surface": dict(self.by_surface), "last_at": self.last_at}
+
+
+@dataclass
+class _Gate:
+    """One key prefix's derivations: `admitted` counts the running one and those waiting."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # FIFO: waiters get turns in order
+    admitted: int = 0
 
 
 @dataclass
@@ -85,14 +138,19 @@ class Authenticator:
         # Verifications in flight, shared by concurrent first requests with one secret. Keyed
         # with the mutation generation, so a request arriving after a key changed never joins
         # a verification that started before.
-        self._inflight: dict[tuple[bytes, int], asyncio.Future[Identity]] = {}
+        self._inflight: dict[tuple[bytes, int], asyncio.Future[tuple[Identity, int]]] = {}
         self._generation = 0
         self._cache: OrderedDict[bytes, _Verified] = OrderedDict()
         self._epochs: dict[str, int] = {}
         self._used: dict[str, int] = {}  # key id → newest last_used_at not yet written
+        self._gates: dict[str, _Gate] = {}  # key prefix → its derivations
+        self._admitted = 0  # sum of the gates' `admitted`
+        self._busy_logged_at = -BUSY_LOG_EVERY_S
+        self.failures = AuthFailures()
 
     async def authenticate(self, token: str) -> Identity:
-        """Raise Unauthenticated unless `token` is the admin token or a valid, enabled key."""
+        """Raise Unauthenticated unless `token` is the admin token or a valid, enabled key;
+        `AuthBusy` when its first verification cannot be queued now."""
         if constant_time.bytes_eq(hashlib.sha256(token.encode()).digest(), self._admin_digest):
             return ADMIN_TOKEN_IDENTITY
         if len(token) != 51 or not keys.SECRET_RE.fullmatch(token):
@@ -116,9 +174,15 @@ class Authenticator:
             future = asyncio.ensure_future(self._verify(token, digest))
             self._inflight[slot] = future
             future.add_done_callback(lambda done: self._settled(slot, done))
-        return await asyncio.shield(future)
+        identity, epoch = await asyncio.shield(future)
+        assert identity.key_id is not None
+        if epoch != self._epochs.get(identity.key_id, 0):
+            # The key changed (disabled, deleted, edited) after scrypt: an identity handed out now
+            # would slip past the revocation that `forget` started (docs/auth.md).
+            raise Unauthenticated("unknown credential")
+        return identity
 
-    def _settled(self, slot: tuple[bytes, int], future: asyncio.Future[Identity]) -> None:
+    def _settled(self, slot: tuple[bytes, int], future: asyncio.Future[tuple[Identity, int]]) -> None:
         self._inflight.pop(slot, None)
         if not future.cancelled():
             future.exception()  # retrieved here: every waiter may have gone away
@@ -131,28 +195,70 @@ class Authenticator:
         ok = await self._db.run(_confirm, key_id, hit.hash_hex, hit.scopes_json, now_ms())
         return ok and epoch == self._epochs.get(key_id, 0)
 
-    async def _verify(self, token: str, digest: bytes) -> Identity:
-        rows = await self._db.run(_rows_with_prefix, token[: keys.PREFIX_LEN])
-        loop = asyncio.get_running_loop()
+    async def _verify(self, token: str, digest: bytes) -> tuple[Identity, int]:
+        """The identity and the key's epoch when its scrypt began (the caller re-checks it)."""
+        prefix = token[: keys.PREFIX_LEN]
+        rows = await self._db.run(_rows_with_prefix, prefix)
+        candidates: list[tuple[keys.KeyRecord, dict[str, Any]]] = []
         for row in rows:
             try:
                 record = keys.parse_row(row)
             except CorruptRecord as exc:
                 log.warning("refusing a corrupt api key record: %s", exc.message)
                 continue
-            if not record.enabled:
-                continue
-            epoch = self._epochs.get(record.id, 0)
-            if not await loop.run_in_executor(self._crypto, keys.matches, token, record.salt, record.hash):
-                continue
-            scopes_json = row["scopes"]
-            if not await self._db.run(_confirm, record.id, row["hash"], scopes_json, now_ms()):
-                raise Unauthenticated("unknown credential")  # disabled/deleted/changed meanwhile
-            identity = Identity(kind="api_key", key_id=record.id, scopes=frozenset(record.scopes))
-            if epoch == self._epochs.get(record.id, 0):
-                self._remember(digest, _Verified(identity, epoch, time.monotonic(), row["hash"], scopes_json))
-            return identity
+            if record.enabled:
+                candidates.append((record, row))
+        if not candidates:
+            raise Unauthenticated("unknown credential")  # no scrypt: nothing to compare with
+        loop = asyncio.get_running_loop()
+        async with self._scrypt_turn(prefix):
+            for record, row in candidates:
+                epoch = self._epochs.get(record.id, 0)
+                if not await loop.run_in_executor(
+                    self._crypto, keys.matches, token, record.salt, record.hash
+                ):
+                    continue
+                scopes_json = row["scopes"]
+                if not await self._db.run(_confirm, record.id, row["hash"], scopes_json, now_ms()):
+                    raise Unauthenticated("unknown credential")  # disabled/deleted/changed meanwhile
+                identity = Identity(kind="api_key", key_id=record.id, scopes=frozenset(record.scopes))
+                if epoch == self._epochs.get(record.id, 0):
+                    self._remember(
+                        digest, _Verified(identity, epoch, time.monotonic(), row["hash"], scopes_json)
+                    )
+                return identity, epoch
         raise Unauthenticated("unknown credential")
+
+    @contextlib.asynccontextmanager
+    async def _scrypt_turn(self, prefix: str) -> AsyncIterator[None]:
+        """Wait for this prefix's turn to derive, or raise `AuthBusy` at once when the prefix
+        already has `PREFIX_WAITING_MAX` waiting or `PENDING_MAX` are admitted in all."""
+        gate = self._gates.get(prefix)
+        if gate is not None and gate.admitted > PREFIX_WAITING_MAX:
+            raise AuthBusy(
+                "too many first verifications are waiting for this key; try again shortly",
+                retry_after_s=RETRY_AFTER_S,
+            )
+        if self._admitted >= PENDING_MAX:
+            now = time.monotonic()
+            if now - self._busy_logged_at >= BUSY_LOG_EVERY_S:  # one line per period, not per refusal
+                self._busy_logged_at = now
+                log.warning("api key verification: %d admitted, refusing more", self._admitted)
+            raise AuthBusy(
+                "too many key verifications are waiting; try again shortly", retry_after_s=RETRY_AFTER_S
+            )
+        if gate is None:
+            gate = self._gates[prefix] = _Gate()
+        gate.admitted += 1
+        self._admitted += 1
+        try:
+            async with gate.lock:
+                yield
+        finally:
+            gate.admitted -= 1
+            self._admitted -= 1
+            if not gate.admitted:
+                del self._gates[prefix]
 
     async def derive(self, secret: str, salt: bytes) -> bytes:
         """scrypt for a new key, in the crypto executor."""

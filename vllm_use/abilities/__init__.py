@@ -6,7 +6,17 @@ listings show them. Later issues add models, downloads and runtime here.
 
 from __future__ import annotations
 
-from vllm_use.abilities import api_keys, downloads, gpu, models, requests, runtime, settings, system
+from vllm_use.abilities import (
+    api_keys,
+    downloads,
+    gpu,
+    models,
+    requests,
+    runtime,
+    settings,
+    streams,
+    system,
+)
 from vllm_use.registry import Registry
 
 
@@ -19,6 +29,7 @@ def register_all(registry: Registry) -> Registry:
     api_keys.register(registry)
     settings.register(registry)
     requests.register(registry)
+    streams.register(registry)
     return registry
 
 

@@ -1,12 +1,16 @@
 """`api_keys.*` (S4.5): create (secret shown once), list, enable, disable, delete.
 
 Ids are validated by the input model before any query. Every mutation calls
-`auth.forget(id)` before its write, so the very next request sees it.
+`auth.forget(id)` before its write, so the very next request sees it. Disable and
+delete then cut off what the key already has running (`_cut_off`): its live
+stream sessions are cancelled (their upstream generations aborted) and its open
+`/v1` connections closed, streaming answers and `/v1/stream` replays included.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from typing import Annotated, Any, Literal
 
@@ -16,8 +20,10 @@ from vllm_use import keys
 from vllm_use.context import Call
 from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
 from vllm_use.registry import NO_CONTROL, Args, NoArgs, Registry, Result
-from vllm_use.scopes import ADMIN_WRITE, KEYS_READ
+from vllm_use.scopes import ADMIN_WRITE, KEYS_READ, Surface
 from vllm_use.storage import ApiKey, now_ms
+
+log = logging.getLogger(__name__)
 
 ScopeName = Literal[
     "admin.read", "admin.write", "mcp.read", "mcp.models", "mcp.runtime", "mcp.admin", "inference"
@@ -133,9 +139,61 @@ def _listed(row: dict[str, Any], call: Call) -> dict[str, Any]:
     }
 
 
+def _cut_off(call: Call, key_id: str, *, deleted: bool) -> None:
+    """After the write: close the key's open /v1 connections, then cancel its live generations.
+
+    Closing first means a streaming client sees its connection cut, not a clean end of a
+    stream its generation never finished. A deleted key's finished sessions go too; a disabled
+    key's stay for replay until gc, should it be enabled again. Requests that authenticated
+    before `forget` are all registered by now (`GatewayHandler.authenticate` registers without
+    awaiting), and later ones fail (`Authenticator.authenticate` re-checks the epoch).
+    """
+    closed = call.app.live.revoke(key_id)
+    cancelled = call.app.streams.revoke(key_id, drop=deleted)
+    if closed or cancelled:
+        log.info(
+            "key %s %s: closed %d connection(s), cancelled %d generation(s)",
+            key_id,
+            "deleted" if deleted else "disabled",
+            closed,
+            cancelled,
+        )
+
+
+ADMIN_SCOPES = frozenset({"admin.read", "admin.write"})
+_OVER_API_ONLY = "keys with admin.* scopes are managed over /api only (docs/security.md)"
+
+
+def _refuse_admin_scopes_over_mcp(call: Call, scopes: list[str] | tuple[str, ...], loc: str) -> None:
+    """No scope crosses surfaces, and minting is no exception: an MCP caller (even `mcp.admin`)
+    may not create an admin.* key, nor enable, disable or delete one. Otherwise `mcp.admin`
+    would amount to the whole of /api."""
+    if call.surface is Surface.MCP and ADMIN_SCOPES.intersection(scopes):
+        raise InvalidArguments(f"invalid arguments: {loc}: {_OVER_API_ONLY}", errors=[{"loc": [loc]}])
+
+
+async def _check_target(call: Call, key_id: str) -> None:
+    """Over MCP, the key to change must exist and hold no admin.* scope (a corrupt row: refused)."""
+    if call.surface is not Surface.MCP:
+        return
+    row = await call.app.db.run(_one_row, key_id)
+    if row is None:
+        raise NotFound(f"no api key with id {key_id}")
+    try:
+        scopes = [s.value for s in keys.parse_row(row).scopes]
+    except CorruptRecord:
+        raise InvalidArguments(
+            f"invalid arguments: id: key {key_id} is corrupt; {_OVER_API_ONLY}", errors=[{"loc": ["id"]}]
+        ) from None
+    _refuse_admin_scopes_over_mcp(call, scopes, "id")
+
+
 async def _mutate_enabled(call: Call, key_id: str, enabled: bool) -> dict[str, Any]:
+    await _check_target(call, key_id)
     call.app.auth.forget(key_id)
     row = await call.app.db.run(_set_enabled, key_id, enabled)
+    if not enabled:
+        _cut_off(call, key_id, deleted=row is None)  # a row gone meanwhile: nothing may outlive it
     if row is None:
         raise NotFound(f"no api key with id {key_id}")
     record = keys.parse_row(row)
@@ -156,6 +214,7 @@ def register(registry: Registry) -> None:
             raise InvalidArguments(
                 "scopes must be distinct", errors=[{"loc": ["scopes"], "msg": "duplicate scope"}]
             )
+        _refuse_admin_scopes_over_mcp(call, args.scopes, "scopes")
         secret, key_id, salt = keys.new_secret(), keys.new_key_id(), secrets.token_bytes(keys.SALT_LEN)
         digest = await call.app.auth.derive(secret, salt)
         record = {
@@ -183,7 +242,8 @@ def register(registry: Registry) -> None:
 
     @registry.method(
         "api_keys.disable",
-        "Disable an API key; the next request with it is refused.",
+        "Disable an API key; the next request with it is refused, and its open /v1 connections "
+        "and live stream generations are stopped now.",
         IdArgs,
         KeyResult,
         ADMIN_WRITE,
@@ -191,9 +251,19 @@ def register(registry: Registry) -> None:
     async def disable(call: Call, args: IdArgs) -> dict[str, Any]:
         return await _mutate_enabled(call, args.id, False)
 
-    @registry.method("api_keys.delete", "Delete an API key for good.", IdArgs, Deleted, ADMIN_WRITE)
+    @registry.method(
+        "api_keys.delete",
+        "Delete an API key for good; its open /v1 connections and live stream generations are "
+        "stopped now and its stream sessions dropped.",
+        IdArgs,
+        Deleted,
+        ADMIN_WRITE,
+    )
     async def delete(call: Call, args: IdArgs) -> dict[str, Any]:
+        await _check_target(call, args.id)
         call.app.auth.forget(args.id)
-        if not await call.app.db.run(_delete, args.id):
+        found = await call.app.db.run(_delete, args.id)
+        _cut_off(call, args.id, deleted=True)  # also for a row gone meanwhile: nothing may outlive it
+        if not found:
             raise NotFound(f"no api key with id {args.id}")
         return {"deleted": args.id}

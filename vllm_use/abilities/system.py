@@ -14,7 +14,7 @@ from vllm_use.context import Call
 from vllm_use.errors import VllmUseError
 from vllm_use.keys import iso
 from vllm_use.registry import Args, NoArgs, Registry, Result
-from vllm_use.scopes import READ, MethodScope
+from vllm_use.scopes import READ, MethodScope, Surface
 
 MCP_PROTOCOL_VERSION = "2026-07-28"
 
@@ -153,7 +153,7 @@ def register(registry: Registry) -> None:
 
     @registry.method(
         "mcp.status",
-        "The MCP endpoint URL, protocol version and number of tools.",
+        "The MCP endpoint URL, protocol version and number of tools (over MCP: those this key may call).",
         NoArgs,
         McpStatus,
         READ,
@@ -163,7 +163,12 @@ def register(registry: Registry) -> None:
             "endpoint": mcp_endpoint(call),
             "protocol_version": MCP_PROTOCOL_VERSION,
             "transport": "streamable-http (stateless, JSON responses)",
-            "tool_count": len(call.app.registry),
+            # Over MCP, the tools this key sees (tools/list); over /api, all of them.
+            "tool_count": sum(
+                1 for m in call.app.registry if call.identity.may_call(m.scope, Surface.MCP, public=m.public)
+            )
+            if call.surface == Surface.MCP
+            else len(call.app.registry),
         }
 
     @registry.method(

@@ -1,10 +1,17 @@
-"""Gateway audit (S5.3): one record per `/v1` request, written off the hot path.
+"""Gateway audit (S5.3): one record per authenticated `/v1` request, written off the hot path.
 
 Records are queued in memory and written every `FLUSH_S` in one transaction that
 also evicts the oldest beyond `--max-audit-records` (0: record nothing new,
 delete nothing). `flush_sync` runs at shutdown. Prompts and outputs are never
 recorded: method, path, the model as sent (truncated on a UTF-8 boundary), the
 key id, status, duration, stream flag and time.
+
+Only requests whose key was recognised are recorded: refused credentials are
+counted in memory (`vllm_use.auth.AuthFailures`), because a record per refusal
+let anyone evict every real record with a burst of bad requests. Every field is
+bounded here to what `requests.recent` accepts on read (method ≤ `METHOD_MAX`,
+path ≤ `PATH_MAX`, model ≤ `MODEL_MAX_BYTES`), so nothing we write reads back
+as corrupt.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ log = logging.getLogger(__name__)
 
 FLUSH_S = 0.5
 MODEL_MAX_BYTES = 1024
+METHOD_MAX = 16  # characters; tornado accepts any token as a method
+PATH_MAX = 2048
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 
 
@@ -60,7 +69,8 @@ class AuditWriter:
         duration_ms: float,
         stream: bool,
     ) -> None:
-        """Queue one record. Runs on the IOLoop, costs a tuple and an append."""
+        """Queue one record, each field cut to its bound. Runs on the IOLoop, costs a tuple and an
+        append."""
         if self.max_records == 0:
             return
         if model is not None:
@@ -70,8 +80,8 @@ class AuditWriter:
                 audit_id,
                 request_id,
                 key_id,
-                method,
-                path[:2048],
+                method[:METHOD_MAX] or "-",
+                path[:PATH_MAX] or "/",
                 model,
                 status,
                 round(duration_ms, 3),

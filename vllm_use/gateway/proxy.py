@@ -28,6 +28,10 @@ REQUEST_DROP = HOP_BY_HOP | {
     "accept-encoding",
     "x-conversation-id",
     "origin",
+    # What a proxy says about the client: the upstream must not trust a client's claim to be
+    # someone else (nor learn its address); the X-Forwarded-* family is dropped below too.
+    "forwarded",
+    "x-real-ip",
 }
 RESPONSE_DROP = HOP_BY_HOP | {
     "content-length",
@@ -44,7 +48,8 @@ RESPONSE_DROP = HOP_BY_HOP | {
 def forward_headers(
     items: list[tuple[str, str]], upstream_key: str | None, request_id: str
 ) -> dict[str, str]:
-    """Client headers → upstream headers: hop-by-hop and credentials dropped, our key injected."""
+    """Client headers → upstream headers: hop-by-hop, credentials and client-address claims
+    (Forwarded, X-Real-IP, X-Forwarded-*) dropped, our key injected."""
     # RFC 9110 §7.6.1: the fields a client names in Connection are hop-by-hop too.
     listed = {
         token.strip().lower()

@@ -6,25 +6,43 @@ A `POST /v1/chat/completions` with `X-Conversation-Id` appends the raw SSE bytes
 oldest are dropped, whole bytes, even mid-chunk) and counts every byte it ever saw, so an offset is
 an absolute position in the stream: `dropped_bytes <= from <= total_bytes` can be served.
 
-    create ──► LIVE ──finish()──────────► DONE ──(TTL_S after completed_at: gc)──► gone
-                 │                          ▲
-                 └──cancel() / replaced / ──┘   cancel() calls the proxy's canceller once,
-                    delete() / close()          which aborts the upstream request
+    create ──► LIVE ──finish()───────────────────► DONE ──(TTL_S after completed_at: gc)──► gone
+      │          │                                  ▲  └─(dropped early: its key keeps more than
+      │          └──cancel(): replaced, delete(), ──┘     MAX_KEPT_PER_KEY, the byte budget is
+      │             close(), key revoked,                 spent (oldest DONE first), or its key
+      │             admin cancel                          was deleted)──────────────────► gone
+      │             (calls the proxy's canceller once: the upstream request is aborted)
+      └──refused: the key has MAX_LIVE_PER_KEY live (TooManyStreams, 429, before anything
+         changes); MAX_SESSIONS, or the whole BYTE_BUDGET, held with no DONE left to drop
+         (TooManySessions, 503)
+
+Limits, and why (docs/gateway.md): an attached generation keeps running and holds an upstream
+socket after its client leaves, and a finished session holds up to 4 MiB for `TTL_S`; one key
+must not be able to take the process's memory or vLLM's slots. So a key has at most
+`MAX_LIVE_PER_KEY` live and `MAX_KEPT_PER_KEY` finished sessions, and all buffers together are
+held to `BYTE_BUDGET` by dropping finished sessions (oldest first); live ones are never dropped
+for memory (that would stop someone's generation): a new one is refused instead. A finished
+session's buffer is copied to an exact-size `bytes`, because a bytearray keeps the allocation
+it grew to.
 
 Sessions belong to the API key that created them and are keyed by (owner, conversation id): another
-key never sees, replaces or stops them (the handlers answer 404 either way). Everything here runs on
-the IOLoop (plain asyncio, no threads): `append` and `finish` are plain functions the proxy calls
-from its streaming callback; readers block on an `asyncio.Condition` and never poll.
+key never sees, replaces or stops them (the handlers answer 404 either way); only an admin
+(`streams.list`, `streams.cancel`) sees every key's. Everything here runs on the IOLoop (plain
+asyncio, no threads): `append` and `finish` are plain functions the proxy calls from its streaming
+callback; readers block on an `asyncio.Condition` and never poll.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import json
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
-from vllm_use.errors import InvalidArguments, VllmUseError
+from vllm_use.errors import InvalidArguments, TooManyRequests, VllmUseError
 from vllm_use.keys import iso
 from vllm_use.storage import now_ms
 
@@ -34,7 +52,12 @@ BUFFER_BYTES = 4 * 1024 * 1024
 TTL_S = 300
 GC_INTERVAL_S = 60
 MAX_SESSIONS = 10000
+MAX_LIVE_PER_KEY = 8  # attached generations of one key at once (each holds an upstream socket)
+MAX_KEPT_PER_KEY = 32  # finished sessions of one key kept for replay (each up to BUFFER_BYTES)
+BYTE_BUDGET = 256 * 1024 * 1024  # all session buffers together
+RETRY_AFTER_S = 5
 READ_CHUNK_BYTES = 64 * 1024  # a reader yields at most this much at once, so a replay streams out
+HOLD_MAX_BYTES = 1024 * 1024  # a replay holds at most this much of an unfinished event (whole_events)
 ID_MAX_BYTES = 128
 MODEL_MAX_BYTES = 256
 HEADER = "X-Conversation-Id"
@@ -51,10 +74,49 @@ class OffsetGone(StreamArgumentError):
 
 
 class TooManySessions(VllmUseError):
-    """`MAX_SESSIONS` sessions are live and none is finished to make room for another."""
+    """The process is full of live sessions: `MAX_SESSIONS` of them, or live buffers holding the
+    whole `BYTE_BUDGET`, and no finished session left to drop for room."""
 
     code = "too_many_sessions"
     http_status = 503
+
+
+class TooManyStreams(TooManyRequests):
+    """The key already has `MAX_LIVE_PER_KEY` live sessions (429): stop one, or wait for one to end."""
+
+    code = "too_many_streams"
+
+
+class State(enum.StrEnum):
+    """A session's state as `streams.list` shows it; DONE and CANCELLED are both finished."""
+
+    LIVE = "live"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+class _Listener(Protocol):
+    """What a session tells its registry (the registry keeps the byte total and the caps)."""
+
+    def grew(self, session: StreamSession, delta: int) -> None: ...
+
+    def finished(self, session: StreamSession) -> None: ...
+
+
+def error_event(exc: VllmUseError) -> bytes:
+    """The SSE event a replay ends with when it cannot go on (`event: error`), in the shape of
+    the gateway's errors: `data: {"error": {"code", "message"}}`."""
+    payload = json.dumps({"error": {"code": exc.code, "message": exc.message}}, separators=(",", ":"))
+    return f"event: error\ndata: {payload}\n\n".encode()
+
+
+def whole_events(data: bytes) -> int:
+    """How many leading bytes of `data` are whole SSE events, i.e. end with a blank line (`\n\n`
+    or `\r\n\r\n`); 0 when no event ends in it. A replay writes up to there and holds the
+    rest, so that an error event it must send never lands in the middle of another one."""
+    lf = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
 def _visible_ascii(value: str) -> bool:
@@ -98,12 +160,14 @@ class StreamSession:
         self.completed_at: int | None = None
         self.total_bytes = 0
         self.dropped_bytes = 0
-        self._buf = bytearray()  # bytes [dropped_bytes, total_bytes) of the stream
+        # bytes [dropped_bytes, total_bytes) of the stream; an exact-size `bytes` once finished
+        self._buf: bytearray | bytes = bytearray()
         self._done = False
         self._cancelled = False
         self._canceller: Callable[[], None] | None = None
         self._cond = asyncio.Condition()
         self._wake_task: asyncio.Task[None] | None = None
+        self.listener: _Listener | None = None  # set by the registry that holds this session
 
     @property
     def is_done(self) -> bool:
@@ -113,12 +177,23 @@ class StreamSession:
     def is_cancelled(self) -> bool:
         return self._cancelled
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes buffered now (≤ `BUFFER_BYTES`): what counts against the byte budget."""
+        return len(self._buf)
+
+    @property
+    def state(self) -> State:
+        return State.CANCELLED if self._cancelled else State.DONE if self._done else State.LIVE
+
     def append(self, data: bytes) -> None:
         """Add relayed bytes and wake readers. Bytes arriving after the end (a cancelled upstream
         still flushing) are ignored."""
         if self._done or not data:
             return
+        before = len(self._buf)
         self.total_bytes += len(data)
+        assert isinstance(self._buf, bytearray)  # not done, so not compacted
         if len(data) >= BUFFER_BYTES:
             # Never hold more than the buffer, even for one oversized chunk.
             self._buf = bytearray(data[len(data) - BUFFER_BYTES :])
@@ -128,6 +203,8 @@ class StreamSession:
         if excess > 0:
             del self._buf[:excess]  # cheap in CPython: a bytearray advances its start
         self.dropped_bytes = self.total_bytes - len(self._buf)
+        if self.listener is not None and len(self._buf) != before:
+            self.listener.grew(self, len(self._buf) - before)
         self._wake()
 
     def finish(self) -> None:
@@ -137,7 +214,12 @@ class StreamSession:
         self._done = True
         self.completed_at = now_ms()
         self._canceller = None  # drop the reference to the finished upstream request
+        # A bytearray keeps the allocation it grew to (and the front it advanced past): an
+        # exact-size copy gives the slack back while the session waits for replays.
+        self._buf = bytes(self._buf)
         self._wake()
+        if self.listener is not None:
+            self.listener.finished(self)
 
     def set_canceller(self, fn: Callable[[], None]) -> None:
         """Register how to abort the upstream request. On a session already cancelled, `fn` runs now,
@@ -217,7 +299,7 @@ class StreamSession:
             self._cond.notify_all()
 
     def describe(self) -> dict[str, Any]:
-        """The state `POST /v1/streams/lookup` reports (S5.1)."""
+        """The state `POST /v1/streams/lookup` reports to the owner (S5.1)."""
         return {
             "conversation_id": self.conversation_id,
             "is_done": self._done,
@@ -227,41 +309,132 @@ class StreamSession:
             "completed_at": iso(self.completed_at),
         }
 
+    def describe_for_admin(self) -> dict[str, Any]:
+        """What `streams.list` shows an admin: the owner, model, state and memory too."""
+        return {
+            "key_id": self.owner,
+            "conversation_id": self.conversation_id,
+            "model": self.model,
+            "state": self.state.value,
+            "total_bytes": self.total_bytes,
+            "held_bytes": self.held_bytes,
+            "dropped_bytes": self.dropped_bytes,
+            "started_at": iso(self.started_at),
+            "completed_at": iso(self.completed_at),
+        }
+
+
+Key = tuple[str, str]  # (owner key id, conversation id)
+
 
 class StreamRegistry:
     """Every stream session of the process, keyed by (owner, conversation id). Runs on the IOLoop.
 
-    Holds at most `MAX_SESSIONS` sessions, live and finished together; finished ones are kept
-    `TTL_S` so a client can still replay them, then dropped by `gc` (every `GC_INTERVAL_S` once
-    `start_gc` runs). There is no way to list sessions: callers ask for ids they already know.
+    Holds at most `MAX_SESSIONS` sessions, live and finished together; per key at most
+    `MAX_LIVE_PER_KEY` live and `MAX_KEPT_PER_KEY` finished; all buffers together at most
+    `BYTE_BUDGET` bytes plus what live sessions add after it was reached (each ≤ `BUFFER_BYTES`).
+    Finished ones are kept `TTL_S` so a client can still replay them, then dropped by `gc` (every
+    `GC_INTERVAL_S` once `start_gc` runs), or earlier by those caps, oldest finished first. A key
+    reads only its own sessions, by ids it already knows; `sessions()` (admin) lists them all.
     """
 
     def __init__(self) -> None:
-        self._sessions: dict[tuple[str, str], StreamSession] = {}
+        self._sessions: dict[Key, StreamSession] = {}
+        self._finished: OrderedDict[Key, None] = OrderedDict()  # oldest completion first
+        self._kept: dict[str, OrderedDict[str, None]] = {}  # owner → its finished, oldest first
+        self._live: dict[str, int] = {}  # owner → live sessions
+        self._held = 0  # sum of held_bytes
         self._gc_task: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
 
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    def live_count(self, owner: str) -> int:
+        return self._live.get(owner, 0)
+
     def create(self, conversation_id: str, owner: str, model: str | None = None) -> StreamSession:
         """Start the one live session of `conversation_id` for `owner`, replacing (and cancelling)
-        an earlier one. Raises `TooManySessions` when full of live sessions."""
+        an earlier one. Refused before anything changes: `TooManyStreams` when the key already has
+        `MAX_LIVE_PER_KEY` live (replacing one of them is fine), `TooManySessions` when the process
+        is full of live sessions or live buffers hold the whole byte budget."""
         key = (owner, conversation_id)
-        old = self._sessions.pop(key, None)
-        if old is not None:
+        old = self._sessions.get(key)
+        replacing_live = old is not None and not old.is_done
+        if self.live_count(owner) - int(replacing_live) >= MAX_LIVE_PER_KEY:
+            log.warning(
+                "stream sessions: key %s has %d live, refusing another", owner, self.live_count(owner)
+            )
+            raise TooManyStreams(
+                f"this key already has {MAX_LIVE_PER_KEY} live stream sessions; stop one "
+                "(DELETE /v1/stream) or wait for one to finish",
+                retry_after_s=RETRY_AFTER_S,
+            )
+        if old is None:
+            self._make_room()
+        else:
             old.cancel()
-        if len(self._sessions) >= MAX_SESSIONS:
-            self._evict_oldest_finished()
+            self._drop(key)
         session = StreamSession(conversation_id, owner, model)
+        session.listener = self
         self._sessions[key] = session
+        self._live[owner] = self._live.get(owner, 0) + 1
         return session
 
-    def _evict_oldest_finished(self) -> None:
-        finished = [(s.completed_at or 0, key) for key, s in self._sessions.items() if s.is_done]
-        if not finished:
-            log.warning("stream sessions: %d live, refusing another", len(self._sessions))
-            raise TooManySessions(f"too many live stream sessions ({MAX_SESSIONS}); try again later")
-        del self._sessions[min(finished)[1]]
+    def _make_room(self) -> None:
+        """Drop finished sessions, oldest first, until one more fits; raise if only live ones are
+        left in the way."""
+        while self._finished and (len(self._sessions) >= MAX_SESSIONS or self._held >= BYTE_BUDGET):
+            self._drop(next(iter(self._finished)))
+        if len(self._sessions) >= MAX_SESSIONS or self._held >= BYTE_BUDGET:
+            log.warning(
+                "stream sessions: %d live holding %d bytes, refusing another", len(self._sessions), self._held
+            )
+            raise TooManySessions(
+                "too many live stream sessions; try again later", retry_after_s=RETRY_AFTER_S
+            )
+
+    def grew(self, session: StreamSession, delta: int) -> None:
+        """A live session buffered `delta` more bytes: over the budget, finished sessions go."""
+        self._held += delta
+        while self._held > BYTE_BUDGET and self._finished:
+            self._drop(next(iter(self._finished)))
+
+    def finished(self, session: StreamSession) -> None:
+        """A session ended: count it as kept, then enforce its key's cap and the budget."""
+        key = (session.owner, session.conversation_id)
+        if self._sessions.get(key) is not session:
+            return  # already dropped from the registry (replaced, closed)
+        self._live[session.owner] -= 1
+        if not self._live[session.owner]:
+            del self._live[session.owner]
+        self._finished[key] = None
+        kept = self._kept.setdefault(session.owner, OrderedDict())
+        kept[session.conversation_id] = None
+        while len(kept) > MAX_KEPT_PER_KEY:
+            self._drop((session.owner, next(iter(kept))))
+        self.grew(session, 0)
+
+    def _drop(self, key: Key) -> None:
+        """Forget a session (finished, or about to be: callers cancel live ones first)."""
+        session = self._sessions.pop(key, None)
+        if session is None:
+            return
+        session.listener = None
+        self._held -= session.held_bytes
+        if key in self._finished:
+            del self._finished[key]
+            kept = self._kept[key[0]]
+            del kept[key[1]]
+            if not kept:
+                del self._kept[key[0]]
+        else:  # never finished (close/revocation of a session whose cancel did not finish it)
+            self._live[key[0]] -= 1
+            if not self._live[key[0]]:
+                del self._live[key[0]]
 
     def get(self, conversation_id: str, owner: str) -> StreamSession | None:
         """The session, or None when unknown or owned by another key (both answer 404)."""
@@ -278,12 +451,35 @@ class StreamRegistry:
                 found.append(session.describe())
         return found
 
+    def sessions(self, owner: str | None = None) -> list[StreamSession]:
+        """Every session (of `owner` only, if given), oldest start first (ties: creation order).
+        For admins only."""
+        found = [s for s in self._sessions.values() if owner is None or s.owner == owner]
+        return sorted(found, key=lambda s: s.started_at)  # stable: dicts keep insertion order
+
     def delete(self, conversation_id: str, owner: str) -> None:
         """Stop the generation (idempotent: unknown, foreign or finished ids are fine). The session
         stays, done, for replay until gc."""
         session = self._sessions.get((owner, conversation_id))
         if session is not None:
             session.cancel()
+
+    def revoke(self, owner: str, *, drop: bool) -> int:
+        """A key was disabled (`drop=False`: its finished sessions stay until gc, should it be
+        enabled again) or deleted (`drop=True`: they go too). Its live generations are cancelled
+        either way; returns how many."""
+        mine = [key for key in self._sessions if key[0] == owner]
+        cancelled = 0
+        for key in mine:
+            session = self._sessions.get(key)
+            if session is None:
+                continue  # dropped by the kept cap when an earlier one of this key finished
+            if not session.is_done:
+                session.cancel()
+                cancelled += 1
+            if drop:
+                self._drop(key)
+        return cancelled
 
     def gc(self, now: int | None = None) -> int:
         """Drop sessions finished more than `TTL_S` before `now` (unix ms); returns how many."""
@@ -292,7 +488,7 @@ class StreamRegistry:
             key for key, s in self._sessions.items() if s.completed_at is not None and s.completed_at < cutoff
         ]
         for key in stale:
-            del self._sessions[key]
+            self._drop(key)
         if stale:
             log.debug("stream sessions: dropped %d finished", len(stale))
         return len(stale)
@@ -320,4 +516,5 @@ class StreamRegistry:
         self.stop_gc()
         for session in list(self._sessions.values()):
             session.cancel()
-        self._sessions.clear()
+        for key in list(self._sessions):
+            self._drop(key)

@@ -1,6 +1,9 @@
-// Recent requests: the gateway's audit records (every call to /v1), newest first, as a table.
-// API: GET /api/requests/recent?limit=N (requests.recent). Prompts and outputs are never recorded,
-// so there is nothing more to show than what the table has.
+// Recent requests: the gateway's audit records (every call to /v1 with a recognised key), newest
+// first, as a table. API: GET /api/requests/recent?limit=N (requests.recent). Prompts and outputs
+// are never recorded, so there is nothing more to show than what the table has, and two things
+// next to it: refused credentials (counted since the server started, on /api, /mcp and /v1: they
+// are not records, so a flood cannot push real ones out) and records that failed validation
+// (`corrupt`: left out of the table, listed with their problem, never hidden).
 //
 // Auto-refresh (on by default) reloads every 3 s while the tab is visible. Records never change once
 // written, so rows are kept by audit id and only new ones are built: the table updates in place,
@@ -20,6 +23,7 @@ export async function render(root, page) {
   const limit = h("select", { name: "limit" }, LIMITS.map((n) => h("option", { value: String(n) }, String(n))));
   const refreshButton = h("button.button", { type: "button" }, "Refresh");
   const summary = h("p.muted.requests-summary", { "aria-live": "off" }, "\u00a0");
+  const failures = h("p.muted.requests-failures", { "aria-live": "off" });
   const slot = errorSlot();
 
   const controls = h("div.requests-controls",
@@ -32,17 +36,18 @@ export async function render(root, page) {
     h("table", { "aria-label": "Recent requests, newest first" },
       h("thead", h("tr", COLUMNS.map(([label, cls]) => h(cls ? `th.${cls}` : "th", { scope: "col" }, label)))),
       tbody));
+  const corrupt = h("div.card.requests-corrupt", { hidden: true });
   const none = empty("No requests yet: calls to /v1 with an inference key appear here",
     h("a.button", { href: "/keys" }, "Create an inference key"));
   none.hidden = true;
   const loading = placeholder(6);
-  const body = h("div.requests-body", loading, table, none);
+  const body = h("div.requests-body", corrupt, loading, table, none);
 
   root.append(
     pageHeader("Requests",
-      "Every call to the inference gateway (/v1), newest first: status, latency, model and the key used. "
-      + "Prompts and outputs are never recorded."),
-    h("div.card.requests-toolbar", controls, summary, slot),
+      "Every call to the inference gateway (/v1) with a recognised key, newest first: status, latency, "
+      + "model and the key used. Prompts and outputs are never recorded; refused credentials are counted."),
+    h("div.card.requests-toolbar", controls, summary, failures, slot),
     body);
 
   const rows = new Map(); // audit_id → <tr>, reused across refreshes
@@ -58,6 +63,8 @@ export async function render(root, page) {
       if (ticket !== latest) return;
       showError(slot, null);
       show(data.requests);
+      showFailures(failures, data.auth_failures);
+      showCorrupt(corrupt, data.corrupt || []);
     } catch (error) {
       if (error.name === "AbortError" || error.status === 401 || ticket !== latest) return;
       showError(slot, `Could not load the requests: ${humanError(error)}`);
@@ -105,6 +112,35 @@ export async function render(root, page) {
   every(REFRESH_MS, () => {
     if (auto.checked && !busy) refresh();
   }, page);
+}
+
+// Refused credentials since the server started: a count, never records (see the top of this file).
+function showFailures(node, counts) {
+  if (!counts) {
+    node.textContent = "";
+    return;
+  }
+  if (!counts.total) {
+    node.textContent = "No refused credentials since the server started.";
+    return;
+  }
+  const parts = [["API", counts.by_surface.api], ["MCP", counts.by_surface.mcp], ["gateway", counts.by_surface.gateway]]
+    .filter(([, n]) => n)
+    .map(([label, n]) => `${label} ${n}`);
+  const last = counts.last_at ? `, the last at ${formatTime(counts.last_at)}` : "";
+  node.textContent = `Refused credentials since the server started: ${counts.total} (${parts.join(", ")})${last}. `
+    + "They are counted, not recorded.";
+}
+
+// Records that failed validation: left out of the table, but shown with their problem.
+function showCorrupt(node, rows) {
+  node.hidden = rows.length === 0;
+  if (!rows.length) return;
+  const title = rows.length === 1 ? "1 record could not be read" : `${rows.length} records could not be read`;
+  node.replaceChildren(
+    h("p.error-text", { role: "status" }, `${title} and ${rows.length === 1 ? "is" : "are"} not shown:`),
+    h("ul.requests-corrupt-list", rows.map((c) => h("li",
+      h("code", c.audit_id || `row ${c.rowid}`), c.audit_id ? ` (row ${c.rowid})` : "", `: ${c.problem}`))));
 }
 
 function row(r) {
