@@ -321,3 +321,115 @@ def test_host_accepts_addresses_and_names(value: str) -> None:
 @pytest.mark.parametrize("value", ["", "bad host", "-x", "a\nb"])
 def test_malformed_host_is_refused(value: str) -> None:
     assert refusal(f"--host={value}").option == "--host"
+
+
+# --- secrets from files, and what the operator is warned about ---------------------------------
+
+
+def secret_file(path: Path, text: str, mode: int = 0o600) -> Path:
+    path.write_text(text + "\n")
+    path.chmod(mode)
+    return path
+
+
+def test_admin_token_file_is_read_once_at_start_and_works(tmp_path: Path) -> None:
+    token = "file-admin-token-0123456789"
+    path = secret_file(tmp_path / "admin.secret", token)
+    server = start_server(tmp_path / "data", "--admin-token-file", str(path), admin_token=None)
+    try:
+        server.admin_token = token
+        assert server.fetch("/api/system").status_code == 200
+        path.write_text("another-token-0123456789\n")  # read once: a later change is not picked up
+        assert server.fetch("/api/system").status_code == 200
+        assert token not in server.log()
+        # The generated bootstrap token is not created when a token file is given.
+        assert not (server.data_dir / "admin-token").exists()
+    finally:
+        server.stop()
+
+
+def test_upstream_api_key_file_is_read_into_the_config() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        key = "upstream-from-file-0123456789"
+        path = secret_file(Path(tmp) / "upstream.secret", key)
+        assert parse("--upstream-api-key-file", str(path)).upstream_api_key == key
+        env = {"VLLM_USE_UPSTREAM_API_KEY_FILE": str(path)}
+        assert parse(environ=env).upstream_api_key == key
+
+
+@pytest.mark.parametrize("option", ["admin_token", "upstream_api_key"])
+def test_a_secret_file_looser_than_0600_is_tightened_before_it_is_read(tmp_path: Path, option: str) -> None:
+    path = secret_file(tmp_path / "s", "a" * 20, mode=0o644)
+    flag = "--" + option.replace("_", "-") + "-file"
+    assert getattr(parse(flag, str(path)), option) == "a" * 20
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("option", ["admin-token", "upstream-api-key"])
+def test_bad_secret_files_are_refused_naming_the_option(tmp_path: Path, option: str) -> None:
+    flag = f"--{option}-file"
+    good = secret_file(tmp_path / "good", "a" * 20)
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    short = secret_file(tmp_path / "short", "a" * 15)
+    spaced = secret_file(tmp_path / "spaced", "a" * 10 + " " + "a" * 10)
+    for path in (link, short, spaced, tmp_path / "missing", tmp_path):
+        assert refusal(flag, str(path)).option == flag
+    # The value and its file are two ways to give one secret: both at once is an error.
+    err = refusal(f"--{option}", "b" * 20, flag, str(good))
+    assert err.option == flag
+    assert "b" * 20 not in str(err)
+
+
+def test_secret_file_content_is_never_echoed_in_a_refusal(tmp_path: Path) -> None:
+    path = secret_file(tmp_path / "s", "Secret With Space-0123456789")
+    err = refusal("--admin-token-file", str(path))
+    assert "Secret" not in str(err)
+
+
+def test_a_secret_given_as_a_flag_is_accepted_with_a_warning_naming_cmdline(tmp_path: Path) -> None:
+    token = "flag-admin-token-0123456789"
+    server = start_server(tmp_path / "data", "--admin-token", token, admin_token=None)
+    try:
+        server.admin_token = token
+        assert server.fetch("/api/system").status_code == 200
+        log = server.log()
+        assert "--admin-token was given on the command line" in log and "/proc/<pid>/cmdline" in log
+        assert token not in log
+    finally:
+        server.stop()
+
+
+def test_secrets_from_the_environment_or_files_bring_no_warning(tmp_path: Path) -> None:
+    from vllm_use.config import start_warnings
+
+    path = secret_file(tmp_path / "s", "a" * 20)
+    assert start_warnings(parse("--upstream-api-key-file", str(path))) == []
+    assert start_warnings(parse(environ={"VLLM_USE_ADMIN_TOKEN": "a" * 20})) == []
+    flagged = start_warnings(parse("--upstream-api-key", "a" * 20))
+    assert len(flagged) == 1 and "--upstream-api-key-file" in flagged[0]
+    assert "a" * 20 not in flagged[0]
+
+
+@pytest.mark.parametrize(
+    ("host", "warned"),
+    [("127.0.0.1", False), ("localhost", False), ("::1", False), ("0.0.0.0", True), ("192.168.1.5", True)],  # noqa: S104 - parsed, never bound
+)
+def test_listening_beyond_loopback_warns_that_there_is_no_tls(host: str, warned: bool) -> None:
+    from vllm_use.config import start_warnings
+
+    warnings = start_warnings(parse("--host", host))
+    assert any("without TLS" in w for w in warnings) is warned
+
+
+@pytest.mark.parametrize("flag", ["--allow-remote-code", "--allow-any-model-path"])
+def test_operator_switches_are_off_by_default_and_take_no_value(flag: str) -> None:
+    attr = flag[2:].replace("-", "_")
+    env = "VLLM_USE_" + attr.upper()
+    assert getattr(parse(), attr) is False
+    assert getattr(parse(flag), attr) is True
+    assert getattr(parse(environ={env: "true"}), attr) is True
+    assert getattr(parse(environ={env: "0"}), attr) is False
+    assert refusal(environ={env: "maybe"}).option == env

@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from vllm_use.logbuffer import LINE_MAX, TOTAL_MAX, LogBuffer, cut_utf8
+from vllm_use.logbuffer import COST_MAX, LINE_MAX, LINE_OVERHEAD, TOTAL_MAX, LogBuffer, cut_utf8
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -195,3 +195,20 @@ def test_many_small_lines_stay_under_the_cap_keeping_the_newest() -> None:
     assert kept[-1].startswith(f"{10 * MiB // 1024 - 1:07d} ")
     numbers = [int(line[:7]) for line in kept]
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+
+
+def test_millions_of_empty_lines_stay_within_the_memory_budget() -> None:
+    buffer = LogBuffer()
+    chunk = b"\n" * 1_000_000
+    for _ in range(3):
+        buffer.feed(chunk)
+    # Text bytes alone (one per line) would keep all 3 million lines; their real cost evicts them.
+    assert buffer.cost <= COST_MAX
+    assert len(buffer.lines()) == COST_MAX // (1 + LINE_OVERHEAD)
+    assert buffer.dropped_lines == 3_000_000 - len(buffer.lines())
+
+
+def test_the_cost_of_a_line_counts_its_bytes_and_its_bookkeeping() -> None:
+    buffer = fed(b"abc\n\n")
+    assert buffer.size == 4 + 1
+    assert buffer.cost == 4 + 1 + 2 * LINE_OVERHEAD

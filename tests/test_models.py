@@ -47,6 +47,18 @@ def test_register_local_model_is_ready_with_size_and_path(server: Server) -> Non
     assert again.status_code == 409
 
 
+def test_local_model_name_defaults_to_its_directory_but_an_empty_name_is_refused(server: Server) -> None:
+    make_model_dir(server.data_dir / "models", "tiny")
+    for name in ("", "   "):
+        r = server.fetch("/api/models/local", "POST", json={"name": name, "path": "tiny"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["errors"][0]["loc"] == ["name"]
+    assert server.fetch("/api/models").json()["models"] == []
+    r = server.fetch("/api/models/local", "POST", json={"path": "tiny"})
+    assert r.status_code == 201, r.text
+    assert r.json()["model"]["name"] == "tiny"
+
+
 @pytest.mark.parametrize(
     "path",
     [

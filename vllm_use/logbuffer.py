@@ -1,9 +1,14 @@
 """Bounded, line-oriented logs of a child process (S4.2, S4.3, S5.2).
 
 Each line is cut to `LINE_MAX` bytes on a UTF-8 boundary; the buffer keeps at
-most `TOTAL_MAX` bytes, dropping the oldest lines first. `feed` accepts raw
-chunks as they come off the pipe, so a child that prints one endless line
+most `TOTAL_MAX` bytes of text, dropping the oldest lines first. `feed` accepts
+raw chunks as they come off the pipe, so a child that prints one endless line
 never makes us hold more than one line's worth plus the buffer.
+
+Text bytes alone would let a child that prints millions of empty lines grow the
+buffer without bound (each stored line costs a bytes object and a deque slot,
+~`LINE_OVERHEAD` bytes, whatever its length). So each line is also charged its
+real cost, and the cost is held under `COST_MAX` (docs/security.md).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import BinaryIO
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 LINE_MAX = 64 * 1024
 TOTAL_MAX = 4 * 1024 * 1024
+LINE_OVERHEAD = 48  # a CPython bytes object's header (33) and its deque slot (8), rounded up
+COST_MAX = 2 * TOTAL_MAX
 
 
 def cut_utf8(data: bytes, limit: int) -> bytes:
@@ -31,11 +38,15 @@ def cut_utf8(data: bytes, limit: int) -> bytes:
 
 
 class LogBuffer:
-    def __init__(self, line_max: int = LINE_MAX, total_max: int = TOTAL_MAX) -> None:
+    def __init__(
+        self, line_max: int = LINE_MAX, total_max: int = TOTAL_MAX, cost_max: int = COST_MAX
+    ) -> None:
         self.line_max = line_max
         self.total_max = total_max
+        self.cost_max = cost_max
         self._lines: deque[bytes] = deque()
-        self._size = 0
+        self._size = 0  # text bytes, newlines included: what the limit is stated in
+        self._cost = 0  # text bytes plus LINE_OVERHEAD per line: what the lines really take
         self._partial = bytearray()
         self._partial_cut = False
         self.dropped_lines = 0
@@ -69,8 +80,11 @@ class LogBuffer:
         line = cut_utf8(_ANSI.sub(b"", line).rstrip(b"\r"), self.line_max)
         self._lines.append(line)
         self._size += len(line) + 1
-        while self._size > self.total_max and self._lines:
-            self._size -= len(self._lines.popleft()) + 1
+        self._cost += len(line) + 1 + LINE_OVERHEAD
+        while (self._size > self.total_max or self._cost > self.cost_max) and self._lines:
+            dropped = len(self._lines.popleft()) + 1
+            self._size -= dropped
+            self._cost -= dropped + LINE_OVERHEAD
             self.dropped_lines += 1
 
     def lines(self, tail: int | None = None) -> list[str]:
@@ -97,3 +111,8 @@ class LogBuffer:
     @property
     def size(self) -> int:
         return self._size
+
+    @property
+    def cost(self) -> int:
+        """What the stored lines take in memory, approximately; never above `cost_max`."""
+        return self._cost

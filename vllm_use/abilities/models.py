@@ -37,7 +37,9 @@ class IdArgs(Args):
 
 
 class LocalArgs(Args):
-    name: ModelName
+    name: ModelName | None = Field(
+        default=None, description="1 to 256 UTF-8 bytes, no control characters; default: the directory's name"
+    )
     path: str = Field(
         min_length=1,
         max_length=4096,
@@ -110,6 +112,11 @@ async def load_model(call: Call, model_id: str) -> models.ModelRecord:
     return models.parse_row(row)
 
 
+def display_name(directory: str) -> str:
+    """A model's default name: its directory's, shortened to fit the name's byte limit."""
+    return directory if len(directory.encode()) <= models.NAME_MAX else directory[:60]
+
+
 def new_record(name: str, source: str, directory: str, **fields: Any) -> dict[str, Any]:
     now = now_ms()
     model_id = fields.pop("id", None) or uuid.uuid4().hex
@@ -147,10 +154,12 @@ def register(registry: Registry) -> None:
         MODELS_WRITE,
     )
     async def register_local(call: Call, args: LocalArgs) -> dict[str, Any]:
-        models.validate_name(args.name)
+        if args.name is not None:  # an explicit name is checked as given: "" and blanks are refused
+            models.validate_name(args.name)
         directory = await in_executor(models.resolve_local_dir, root(call), args.path)
         size = await in_executor(models.directory_size, root(call) / directory)
-        record = new_record(args.name, "local", directory, status="ready", size_bytes=size)
+        name = args.name if args.name is not None else display_name(directory)
+        record = new_record(name, "local", directory, status="ready", size_bytes=size)
         if not await call.app.db.run(model_store.insert_model, record):
             raise Conflict(f"{root(call) / directory} is already registered", loc=["path"])
         return {"model": models.parse_row(record).public(root(call))}
@@ -187,8 +196,7 @@ def register(registry: Registry) -> None:
         records = []
         for name in names:
             size = await in_executor(models.directory_size, root(call) / name)
-            display = name if len(name.encode()) <= models.NAME_MAX else name[:60]
-            records.append(new_record(display, "local", name, status="ready", size_bytes=size))
+            records.append(new_record(display_name(name), "local", name, status="ready", size_bytes=size))
         inserted = await call.app.db.run(model_store.insert_models, records)
         return {"models": [models.parse_row(r).public(root(call)) for r in inserted]}
 
