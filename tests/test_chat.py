@@ -197,6 +197,43 @@ def strings(doc: Any) -> list[str]:
 # --- the tests ------------------------------------------------------------------------------------
 
 
+def test_nothing_is_sent_without_a_model_and_an_empty_list_says_why(
+    browser: Browser, stack: Stack, upstream: FakeUpstream
+) -> None:
+    """With nothing running the gateway answers 502 to /v1/models: the page says so, keeps Send
+    disabled and sends nothing; once a model runs, "Reload models" enables it."""
+    upstream.down()
+    down = True
+    watched = new_page(browser, stack.url)
+    watched.expect_http_error(502)
+    try:
+        page = watched.page
+        sign_in(watched, stack.server.admin_token or "", "/chat")
+        region = page.get_by_role("region", name="Inference key")
+        region.get_by_role("button", name="Create a playground key").click()
+        expect(region).to_be_hidden()
+        expect(page.locator(".model-status")).to_contain_text("No model is running")
+        send_button = page.get_by_role("button", name="Send", exact=True)
+        expect(send_button).to_be_disabled()
+        composer = page.get_by_label("Message", exact=True)
+        composer.fill("hello?")
+        composer.press("Enter")
+        expect(page.locator(ASSISTANT)).to_have_count(0)
+        upstream.up()
+        down = False
+        page.get_by_role("button", name="Reload models").click()
+        expect(send_button).to_be_enabled()
+        expect(page.get_by_label("Model", exact=True)).to_have_value("tiny")
+        send_button.click()
+        finished(page.locator(ASSISTANT).last)
+        assert [json.loads(r.body)["model"] for r in chat_requests(upstream)] == ["tiny"]
+    finally:
+        if down:
+            upstream.up()
+        watched.page.context.close()
+    watched.assert_clean()
+
+
 def test_an_answer_streams_in_and_ends_equal_to_what_the_upstream_sent(
     watched: Watched, upstream: FakeUpstream
 ) -> None:

@@ -71,6 +71,11 @@ export function createControls({ onChange }) {
       hint();
     },
 
+    // Whether a model can be asked for: /v1/models has answered and listed at least one.
+    hasModel() {
+      return loaded && model.value !== "";
+    },
+
     // The conversation's remembered choices (or a new chat's: the current ones stay).
     apply({ model: chosenModel, compareModel, params }) {
       const names = known.map((m) => m.id);

@@ -27,6 +27,7 @@ const RENDER_MS = 50;
 const TITLE_CHARS = 60;
 const IMPORT_MAX_BYTES = 20 * 1024 * 1024;
 const NARROW = "(max-width: 900px)"; // as in chat.css: the list folds above the messages
+const NO_MODEL = "No model is running — start one on the Runtime page.";
 
 // A new conversation's title: the start of its first message.
 function titleFrom(text) {
@@ -181,7 +182,10 @@ export async function render(root, page) {
 
   function updateComposer() {
     const busy = isBusy(current);
-    send.disabled = busy;
+    // With a key, nothing is sent before /v1/models has named a model: a request without one
+    // would go to whatever the server defaults to, or fail (docs/chat.md). Without a key, Send
+    // stays clickable and says what is missing.
+    send.disabled = busy || (Boolean(key) && !controls.hasModel());
     stop.hidden = !busy;
     stop.disabled = false;
     for (const button of list.querySelectorAll(".message-actions button")) button.disabled = busy;
@@ -312,6 +316,10 @@ export async function render(root, page) {
     }
     const choice = controls.read();
     if (!controls.check(choice.errors)) return null;
+    if (!choice.model) {
+      showError(composerError, NO_MODEL);
+      return null;
+    }
     return choice;
   }
 
@@ -362,6 +370,7 @@ export async function render(root, page) {
     }
     if (isBusy(current)) return;
     if (!key && keyPending) await keyPending;
+    if (key && modelsLoading) await modelsLoading;
     const choice = ready();
     if (!choice) return;
     let entry = current;
@@ -532,23 +541,38 @@ export async function render(root, page) {
     keyRegion.hidden = false;
   }
 
-  async function loadModels() {
-    if (!key) return;
-    const asked = key;
+  let modelsLoading = null; // the /v1/models request in flight: a message sent meanwhile waits for it
+  function loadModels() {
+    if (!key) return Promise.resolve();
+    const loading = listModels(key).finally(() => {
+      if (modelsLoading === loading) modelsLoading = null;
+      updateComposer();
+    });
+    modelsLoading = loading;
+    updateComposer();
+    return loading;
+  }
+
+  async function listModels(asked) {
     showError(modelError, null);
     reloadModels.hidden = true;
     try {
       const listing = await v1("GET", "/models", undefined, { key: asked, signal: page.signal });
       const models = ((listing && listing.data) || []).filter((m) => m && typeof m.id === "string");
       controls.setModels(models);
-      if (!models.length) throw new Error("The gateway lists no model.");
+      if (!models.length) {
+        showError(modelError, NO_MODEL);
+        reloadModels.hidden = false;
+      }
     } catch (err) {
       if (err.name === "AbortError") return;
       if (err.status === 401) {
         if (asked === key) dropKey();
         return;
       }
-      showError(modelError, `Models could not be listed: ${humanError(err)}`);
+      controls.setModels([]);
+      // The gateway answers 502 while no model is ready to take requests.
+      showError(modelError, err.status === 502 ? NO_MODEL : `Models could not be listed: ${humanError(err)}`);
       reloadModels.hidden = false;
     }
   }
