@@ -61,13 +61,19 @@ class Server:
         token: str | None = "admin",
         headers: dict[str, str] | None = None,
         content: bytes | None = None,
+        timeout: float | None = None,
     ) -> httpx.Response:
+        """One request. `timeout` (seconds) replaces the client's default for a call whose answer
+        waits on work (e.g. `?wait=` on a vLLM start): tie it to that work, never guess."""
         hdrs = dict(headers or {})
         if token == "admin":
             token = self.admin_token
         if token is not None:
             hdrs["Authorization"] = f"Bearer {token}"
-        return self.client.request(method, self.base_url + path, json=json, headers=hdrs, content=content)
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        return self.client.request(
+            method, self.base_url + path, json=json, headers=hdrs, content=content, **extra
+        )
 
     def mcp(self, method: str, params: dict[str, Any] | None = None, *, token: str | None) -> httpx.Response:
         """One well-formed MCP 2026-07-28 request (headers and `_meta` as the SDK sends them)."""
