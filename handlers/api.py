@@ -30,6 +30,13 @@ class Route:
     status: int = 200
     body: str | None = None  # None (no body), "object" (the arguments) or "field:<name>" (a JSON value)
     query: tuple[str, ...] = ()
+    # (result state, HTTP status) pairs: a success whose `state` is listed answers that status
+    # instead of `status`, e.g. 202 while the work it began goes on.
+    status_by_state: tuple[tuple[str, int], ...] = ()
+
+    def status_for(self, result: dict[str, Any]) -> int:
+        """The HTTP status of a successful call that returned `result`."""
+        return dict(self.status_by_state).get(result.get("state"), self.status)
 
     @property
     def path_params(self) -> list[str]:
@@ -39,6 +46,14 @@ class Route:
     def pattern(self) -> str:
         return re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", self.path) + "/?"
 
+
+# Start, switch and restart: the arguments in the body, the bounded `?wait=` seconds in the query,
+# and 202 while vLLM is still loading (docs/runtime.md).
+BEGINS_A_START: dict[str, Any] = {
+    "body": "object",
+    "query": ("wait",),
+    "status_by_state": (("starting", 202),),
+}
 
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/test", "test", body="object"),
@@ -60,9 +75,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/downloads/{id}/retry", "downloads.retry", body="object"),
     Route("GET", "/api/runtime", "runtime.status"),
     Route("GET", "/api/runtime/logs", "runtime.logs", query=("tail",)),
-    Route("POST", "/api/runtime/start", "runtime.start", body="object"),
-    Route("POST", "/api/runtime/restart", "runtime.restart", body="object"),
-    Route("POST", "/api/runtime/switch", "runtime.switch", body="object"),
+    Route("POST", "/api/runtime/start", "runtime.start", **BEGINS_A_START),
+    Route("POST", "/api/runtime/restart", "runtime.restart", **BEGINS_A_START),
+    Route("POST", "/api/runtime/switch", "runtime.switch", **BEGINS_A_START),
     Route("POST", "/api/runtime/stop", "runtime.stop"),
     Route("GET", "/api/keys", "api_keys.list"),
     Route("POST", "/api/keys", "api_keys.create", status=201, body="object"),
@@ -127,7 +142,7 @@ class RouteHandler(JsonHandler):
         except VllmUseError as exc:
             self.fail(exc)
             return
-        self.write_json(result, route.status)
+        self.write_json(result, route.status_for(result))
 
     def _arguments(self, route: Route, path_args: dict[str, str]) -> dict[str, Any]:
         method = self.executor.registry.get(route.method)
@@ -146,6 +161,12 @@ class RouteHandler(JsonHandler):
                     raise InvalidArguments(
                         "invalid arguments: the body must be a JSON object", errors=[{"loc": ["body"]}]
                     )
+                for name in route.query:  # one place for each argument, as OpenAPI documents it
+                    if name in value:
+                        raise InvalidArguments(
+                            f"invalid arguments: {name} goes in the query (?{name}=…), not the body",
+                            errors=[{"loc": [name]}],
+                        )
                 args.update(value)
             else:
                 args[route.body.removeprefix("field:")] = value

@@ -1,15 +1,27 @@
-"""`GET /api/downloads/events`: Server-Sent Events of download state and progress (S4.2).
+"""Server-Sent Events for the console: downloads (S4.2) and the runtime (docs/runtime.md).
 
-Not a registry method: a stream for the console. It needs `admin.read` (checked
-with the same `Identity.may_call` the executor uses), sends each task change as
-`event: task`, a `: heartbeat` comment every `HEARTBEAT_S`, and ends cleanly when
-the client goes away or the server shuts down.
+Not registry methods, and not MCP tools: streams for the console. Each needs
+`admin.read` (checked with the same `Identity.may_call` the executor uses),
+sends the current state first, then each change, a `: heartbeat` comment every
+`HEARTBEAT_S`, and ends cleanly when the client goes away or the server shuts
+down. A client that does not read costs a bounded queue, never memory.
+
+`GET /api/downloads/events`
+    `event: task` `{"type": "task", "task": {…}}`: every task now, then each change.
+`GET /api/runtime/events`
+    `event: state` `{"type": "state", "status": {…}}`: the status (as `runtime.status`) now, then
+    at each state change. `event: log` `{"type": "log", "reset": bool, "lines": […],
+    "skipped": bool}`: the newest `LOG_TAIL` lines of vLLM's log now (`reset`), then new lines as
+    vLLM writes them (at most `LOG_TAIL` an event; `skipped` says some were left out), and
+    `reset` again when a new vLLM starts with an empty log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import tornado.web
@@ -17,38 +29,46 @@ from tornado.iostream import StreamClosedError
 
 from handlers.base import JsonHandler
 from vllm_use.errors import PermissionDenied
+from vllm_use.runtime.supervisor import RuntimeLog
 from vllm_use.scopes import MethodScope, Scope, Surface
 
 HEARTBEAT_S = 15.0
 QUEUE_MAX = 1000
+LOG_TAIL = 200
 EVENTS_SCOPE = MethodScope(api=Scope.ADMIN_READ, mcp=None)
 
 
 @tornado.web.stream_request_body
-class DownloadEventsHandler(JsonHandler):
+class EventStreamHandler(JsonHandler):
+    """One event stream. A subclass subscribes (calling `wake` when it has something to send),
+    sends the current state, and sends what is pending; this class does the rest."""
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Start listening; returns the unsubscribe function. Runs before `send_current`, so no
+        change between the two is lost."""
+        raise NotImplementedError
+
+    async def send_current(self) -> None:
+        raise NotImplementedError
+
+    async def send_pending(self) -> None:
+        raise NotImplementedError
+
     async def get(self) -> None:
         if self.identity is None or not self.identity.may_call(EVENTS_SCOPE, Surface.API):
             self.fail(PermissionDenied("admin.read is required"))
             return
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE_MAX)
-
-        def listener(event: dict[str, Any]) -> None:
-            if queue.full():  # a client that does not read loses the oldest progress, not memory
-                queue.get_nowait()
-            queue.put_nowait(event)
-
-        unsubscribe = self.app.downloads.subscribe(listener)
         self._closed = asyncio.Event()
+        woken = asyncio.Event()
+        unsubscribe = self.subscribe(woken.set)
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("X-Accel-Buffering", "no")
         try:
             await self.flush()  # headers now: the client is connected even before any event
-            # The current state first, so a new page needs no separate list call.
-            for task in await self.app.downloads.list():
-                await self._send("task", {"type": "task", "task": task})
+            await self.send_current()  # so a new page needs no separate call
             while not self._closed.is_set() and not self.app.stopping.is_set():
                 waiters = [
-                    asyncio.ensure_future(queue.get()),
+                    asyncio.ensure_future(woken.wait()),
                     asyncio.ensure_future(self._closed.wait()),
                     asyncio.ensure_future(self.app.stopping.wait()),
                 ]
@@ -57,8 +77,9 @@ class DownloadEventsHandler(JsonHandler):
                 )
                 for waiter in pending:
                     waiter.cancel()
-                if waiters[0] in done:
-                    await self._send("task", waiters[0].result())
+                if woken.is_set():
+                    woken.clear()  # before sending: what arrives meanwhile wakes us again
+                    await self.send_pending()
                 elif not done:
                     self.write(": heartbeat\n\n")
                     await self.flush()
@@ -69,7 +90,7 @@ class DownloadEventsHandler(JsonHandler):
         if not self._closed.is_set():
             self.finish()
 
-    async def _send(self, name: str, data: dict[str, Any]) -> None:
+    async def send(self, name: str, data: dict[str, Any]) -> None:
         self.write(f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n")
         await self.flush()
 
@@ -81,5 +102,72 @@ class DownloadEventsHandler(JsonHandler):
             closed.set()
 
 
+@tornado.web.stream_request_body
+class DownloadEventsHandler(EventStreamHandler):
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        # A client that does not read loses the oldest progress, not memory.
+        self._queue: deque[dict[str, Any]] = deque(maxlen=QUEUE_MAX)
+
+        def listener(event: dict[str, Any]) -> None:
+            self._queue.append(event)
+            wake()
+
+        return self.app.downloads.subscribe(listener)
+
+    async def send_current(self) -> None:
+        for task in await self.app.downloads.list():
+            await self.send("task", {"type": "task", "task": task})
+
+    async def send_pending(self) -> None:
+        while self._queue:
+            await self.send("task", self._queue.popleft())
+
+
+@tornado.web.stream_request_body
+class RuntimeEventsHandler(EventStreamHandler):
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        # State changes are few and each one counts (the console waits for ready or failed); log
+        # lines are not queued at all: a flag, and the lines are read from vLLM's log when sent.
+        self._states: deque[dict[str, Any]] = deque(maxlen=QUEUE_MAX)
+        self._vllm_log: RuntimeLog | None = None
+        self._seq = 0
+        self._log_pending = False
+
+        def listener(kind: str, status: dict[str, Any] | None) -> None:
+            if status is not None:
+                self._states.append(status)
+            else:
+                self._log_pending = True
+            wake()
+
+        return self.app.runtime.subscribe(listener)
+
+    async def send_current(self) -> None:
+        await self._send_state(self.app.runtime.status())
+        await self._send_log()
+
+    async def send_pending(self) -> None:
+        while self._states:
+            await self._send_state(self._states.popleft())
+        if self._log_pending or self.app.runtime.logs is not self._vllm_log:
+            self._log_pending = False
+            await self._send_log()
+
+    async def _send_state(self, status: dict[str, Any]) -> None:
+        status = {**status, "upstream": self.app.upstream_origin()}
+        await self.send("state", {"type": "state", "status": status})
+
+    async def _send_log(self) -> None:
+        logs = self.app.runtime.logs
+        reset = logs is not self._vllm_log
+        lines, skipped = logs.since(0 if reset else self._seq, LOG_TAIL)
+        self._vllm_log, self._seq = logs, logs.seq
+        if lines or reset:
+            await self.send("log", {"type": "log", "reset": reset, "lines": lines, "skipped": skipped})
+
+
 def default_handlers(common: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
-    return [(r"/api/downloads/events/?", DownloadEventsHandler, common)]
+    return [
+        (r"/api/downloads/events/?", DownloadEventsHandler, common),
+        (r"/api/runtime/events/?", RuntimeEventsHandler, common),
+    ]

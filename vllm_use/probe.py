@@ -23,6 +23,9 @@ from vllm_use.config import child_env
 
 CACHE_S = 60.0
 TIMEOUT_S = 30.0
+# Printing a version needs no network: without these, `hf version` asks the hub (agent harnesses)
+# and PyPI (a newer release) on every probe.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1"}
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?(?:[.+\-][0-9A-Za-z.+\-]*)?")
 _cache: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
@@ -57,7 +60,7 @@ async def _run_version(name: str, path: str, args: tuple[str, ...]) -> dict[str,
     try:
         # "/" as the working directory, never the server's: nothing there may shape what the tool
         # imports. It dies with us: a probe outliving vllm-use would be nobody's.
-        proc = children.spawn([path, *args], child_env(), cwd="/", parent_death=True)
+        proc = children.spawn([path, *args], child_env(OFFLINE), cwd="/", parent_death=True)
     except OSError as exc:
         return {**base, "status": "error", "version": None, "message": f"cannot run: {exc.strerror}"}
     assert proc.stdout is not None

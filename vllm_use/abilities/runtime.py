@@ -1,8 +1,18 @@
 """`runtime.*` (S4.3): status, start, stop, restart, switch, logs.
 
 Mutations hold the lifecycle lock (shared with `models.delete`) while they
-change what runs; waiting for readiness happens outside it, so `runtime.stop`
-can cancel a start that is still loading.
+change what runs: validate, stop what runs, spawn. Start, switch and restart
+then answer at once with the state `starting` (HTTP 202); the supervisor's own
+task takes the start to `ready` or `failed` whether or not anyone waits. A
+caller that wants to block passes `wait` (seconds, at most `WAIT_MAX_S`) and
+gets the outcome within it: ready, failed (502 with the last lines), canceled by
+a stop (409), or still starting when the time ran out. Waiting happens outside
+the lock, so `runtime.stop` can cancel a start that is still loading.
+
+One start at a time: while a start is in progress (or a stop), start, switch
+and restart answer 409 at once instead of queueing behind it; `runtime.stop`
+cancels it. Two calls at the same moment take the lock in turn: the first
+starts, the second finds it starting and gets the 409.
 
 Two options need the operator's consent, given when vllm-use starts, and are
 refused (400, naming the flag) before anything is stopped or started without
@@ -18,7 +28,7 @@ import asyncio
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -28,20 +38,39 @@ from vllm_use.context import Call
 from vllm_use.errors import Conflict, InvalidArguments
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.runtime.options import NAME_PATTERN, RuntimeOptions, build_argv
+from vllm_use.runtime.supervisor import RuntimeState, Supervisor
 from vllm_use.scopes import READ, RUNTIME_WRITE
+
+# The longest one request is held open (docs/runtime.md): enough for a script to block on a small
+# model's start. A longer start (start_timeout_s goes up to 7200) is followed after the 202 with
+# runtime.status or GET /api/runtime/events; an open request per waiter is not free either.
+WAIT_MAX_S = 600
+Wait = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=WAIT_MAX_S,
+        description="seconds to wait for the start to settle (ready, failed or canceled); 0, the "
+        "default, answers at once with state starting. MCP clients often give up after 60 s: "
+        "keep it well below that and poll runtime.status.",
+    ),
+]
 
 
 class StartArgs(Args):
     options: RuntimeOptions
+    wait: Wait = 0
 
 
 class RestartArgs(Args):
     options: RuntimeOptions | None = None
+    wait: Wait = 0
 
 
 class SwitchArgs(Args):
     model_id: ModelId
     options: RuntimeOptions | None = None
+    wait: Wait = 0
 
 
 class LogsArgs(Args):
@@ -49,7 +78,7 @@ class LogsArgs(Args):
 
 
 class Status(Result):
-    state: Literal["stopped", "starting", "ready", "stopping", "failed"]
+    state: RuntimeState
     pid: int | None
     pgid: int | None
     port: int | None
@@ -58,6 +87,9 @@ class Status(Result):
     options: dict[str, Any] | None
     started_at: str | None
     uptime_s: float | None
+    starting_for_s: float | None = Field(description="while starting: seconds since the spawn")
+    start_timeout_s: int | None = Field(description="the start fails if not healthy after this many seconds")
+    last_line: str | None = Field(description="while starting: vLLM's newest log line")
     exit_code: int | None
     error: str | None
     last_lines: list[str]
@@ -135,10 +167,33 @@ async def _switch_target(call: Call, model_id: str) -> tuple[models.ModelRecord,
     return record, path
 
 
+def _one_start_at_a_time(runtime: Supervisor) -> None:
+    """Caller holds the lifecycle lock: a start in progress is not replaced behind its caller's back."""
+    if runtime.state is RuntimeState.STARTING:
+        model = runtime.child.model if runtime.child else "a model"
+        raise Conflict(
+            f"a start of {model} is in progress; wait for it (runtime.status, GET /api/runtime/events) "
+            "or cancel it with runtime.stop",
+            state=runtime.state.value,
+        )
+    if runtime.state is RuntimeState.STOPPING:
+        raise Conflict("the runtime is stopping; try again once it has stopped", state=runtime.state.value)
+
+
+ANSWER = (
+    "Answers at once with state starting (HTTP 202); with wait (seconds; ?wait= over /api) it "
+    "answers once the start settles: ready, failed (with vLLM's last lines), canceled by "
+    "runtime.stop (conflict), or still starting when the wait runs out. A start in progress is a "
+    "conflict: stop it first."
+)
+
+
 def register(registry: Registry) -> None:
     @registry.method(
         "runtime.status",
-        "The vLLM runtime: state, pid, port, options, active model, uptime; exit code and last lines on failure.",
+        "The vLLM runtime: state, pid, port, options, active model, uptime; while starting how long "
+        "it has been loading, its start timeout and its last log line; exit code and last lines on "
+        "failure.",
         NoArgs,
         Status,
         READ,
@@ -153,7 +208,7 @@ def register(registry: Registry) -> None:
     @registry.method(
         "runtime.start",
         "Start vllm serve directly on options.model, a directory inside the models root (a Hub id or "
-        "another path needs the operator's --allow-any-model-path). Returns once healthy.",
+        "another path needs the operator's --allow-any-model-path). " + ANSWER,
         StartArgs,
         Status,
         RUNTIME_WRITE,
@@ -165,17 +220,19 @@ def register(registry: Registry) -> None:
         _check_argv(call, options.model, options)
         runtime = call.app.runtime
         async with call.app.lifecycle.lock:
-            if runtime.state in ("starting", "ready", "stopping"):
+            _one_start_at_a_time(runtime)
+            if runtime.state.live:
                 raise Conflict(
-                    f"the runtime is {runtime.state}; use runtime.restart, runtime.switch or stop it"
+                    f"the runtime is {runtime.state}; use runtime.restart, runtime.switch or stop it",
+                    state=runtime.state.value,
                 )
             model, real = await _direct_target(call, options.model)  # just before the spawn
-            runtime.spawn(model, options, active_model_id=None, model_path=real)
-        return _with_upstream(call, await runtime.wait_ready())
+            child = runtime.spawn(model, options, active_model_id=None, model_path=real)
+        return _with_upstream(call, await runtime.wait_settled(child, args.wait))
 
     @registry.method(
         "runtime.switch",
-        "Run a ready registered model (stopping whatever runs now). Returns once healthy.",
+        "Run a ready registered model, stopping whatever runs now. " + ANSWER,
         SwitchArgs,
         Status,
         RUNTIME_WRITE,
@@ -190,14 +247,16 @@ def register(registry: Registry) -> None:
             if options.served_model_name is None and re.fullmatch(NAME_PATTERN, record.name):
                 options = options.model_copy(update={"served_model_name": record.name})
             _check_argv(call, str(path), options)
+            _one_start_at_a_time(runtime)
             await runtime.stop()
             record, path = await _switch_target(call, args.model_id)  # re-checked just before spawn
-            runtime.spawn(str(path), options, active_model_id=record.id, model_path=path)
-        return _with_upstream(call, await runtime.wait_ready())
+            child = runtime.spawn(str(path), options, active_model_id=record.id, model_path=path)
+        return _with_upstream(call, await runtime.wait_settled(child, args.wait))
 
     @registry.method(
         "runtime.restart",
-        "Restart the running model, optionally with new options (validated before anything is stopped).",
+        "Restart the running (or failed) model, optionally with new options, validated before "
+        "anything is stopped. " + ANSWER,
         RestartArgs,
         Status,
         RUNTIME_WRITE,
@@ -205,26 +264,28 @@ def register(registry: Registry) -> None:
     async def restart(call: Call, args: RestartArgs) -> dict[str, Any]:
         runtime = call.app.runtime
         async with call.app.lifecycle.lock:
-            child = runtime.child
-            if child is None or (runtime.state == "stopped" and child.model is None):
+            current = runtime.child
+            if current is None or (runtime.state is RuntimeState.STOPPED and current.model is None):
                 raise Conflict("nothing to restart: start or switch first")
-            options = args.options or child.options
-            if args.options is not None and child.active_model_id and options.model is not None:
+            options = args.options or current.options
+            if args.options is not None and current.active_model_id and options.model is not None:
                 raise _bad("options.model", "a registry model's path can't be changed; use runtime.switch")
-            model = child.model if child.active_model_id or options.model is None else options.model
+            model = current.model if current.active_model_id or options.model is None else options.model
             _check_argv(call, model, options)
-            active, model_path = child.active_model_id, child.model_path
+            _one_start_at_a_time(runtime)
+            active, model_path = current.active_model_id, current.model_path
             if active:
                 _, model_path = await _switch_target(call, active)
             elif options.model is not None:
                 model, model_path = await _direct_target(call, options.model)
             await runtime.stop()
-            runtime.spawn(model, options, active_model_id=active, model_path=model_path)
-        return _with_upstream(call, await runtime.wait_ready())
+            child = runtime.spawn(model, options, active_model_id=active, model_path=model_path)
+        return _with_upstream(call, await runtime.wait_settled(child, args.wait))
 
     @registry.method(
         "runtime.stop",
-        "Stop vLLM: SIGTERM to its process group, SIGKILL after a grace period; a loading start is killed at once.",
+        "Stop vLLM: SIGTERM to its process group, SIGKILL after a grace period; a start still "
+        "loading is killed at once (its waiters get a conflict).",
         NoArgs,
         Status,
         RUNTIME_WRITE,

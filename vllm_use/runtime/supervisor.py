@@ -1,23 +1,27 @@
-"""The supervisor of one `vllm serve` (S4.3). Runs on the IOLoop.
-
-    stopped ──start/switch──▶ starting ──/health 200──▶ ready
-       ▲                        │  │                      │
-       │                        │  └─exit / timeout──▶ failed ◀──exit──┘
-       └──────── stopping ◀─────┴──────stop─────────────────┘
+"""The supervisor of one `vllm serve` (S4.3, docs/runtime.md). Runs on the IOLoop.
 
 The child is `python -I -m vllm_use.runtime.reaper` leading a new session with
 `vllm serve` under it (see reaper.py: if vllm-use dies, the whole group dies),
 isolated (`-I`: no working directory or PYTHON* variables on its `sys.path`) and
 started in its private scratch directory with `config.child_env()`.
-stdout and stderr are one pipe, drained into a bounded `LogBuffer`; a terminal
-state is published only after all output was read. Readiness polls
+stdout and stderr are one pipe, drained into a bounded `RuntimeLog`; a terminal
+state is published only after all output was read.
+
+Starting is split in two so that no caller is held hostage by a load that takes
+minutes: `spawn` (caller holds `Lifecycle.lock`) starts the child and a
+readiness task, and returns at once; the readiness task polls
 `http://127.0.0.1:<port>/health` (no proxies, no redirects; connection refused
-means still loading); a 200 counts only once the port's listening socket is
-shown to belong to the child's process group (`port_held_by_group`), so another
-local process that grabbed the port is never taken for vLLM. Stop: SIGTERM to
-the group, SIGKILL after the grace period, then wait (bounded) until no process
-of the group is left in /proc. Callers hold `Lifecycle.lock` around start/stop;
-`wait_ready` runs outside it so a stop can cancel a start that is still loading.
+means still loading) whether or not anyone waits, and a 200 counts only once the
+port's listening socket is shown to belong to the child's process group
+(`port_held_by_group`), so another local process that grabbed the port is never
+taken for vLLM. The start *settles* when the state leaves `starting` (ready,
+failed, or a stop canceled it); callers that want to block await that with
+their own bound (`wait_settled`). Stop: SIGTERM to the group, SIGKILL after the
+grace period (at once for a start still loading), then wait (bounded) until no
+process of the group is left in /proc.
+
+Every state change is published to subscribers (`subscribe`: the console's
+event stream), and so is every new log line.
 
 Each child gets a random API key in its environment (`VLLM_API_KEY`, never in
 argv, status or logs): vLLM then refuses `/v1/*` without it, and the gateway
@@ -27,6 +31,8 @@ injects it (`AppContext.upstream_target`), so the loopback port is no open door.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -35,7 +41,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +56,7 @@ from vllm_use.config import Config, child_env
 from vllm_use.errors import Conflict, ExternalError, RuntimeFailed
 from vllm_use.logbuffer import LogBuffer
 from vllm_use.runtime.options import RuntimeOptions, build_argv
+from vllm_use.runtime.procfs import child_in_group, group_members, port_held_by_group
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,55 @@ TERM_GRACE_S = 10.0
 REAP_CAP_S = 15.0
 POLL_S = 0.25
 LAST_LINES = 20
+CANCELED = "the start was canceled by a stop"
+
+
+class RuntimeState(StrEnum):
+    """What the runtime is doing (`runtime.status` → `state`).
+
+        stopped, failed ──spawn──▶ starting ──/health 200 on a port of its own──▶ ready
+        starting ──exit, start timeout, port taken──▶ failed ◀──exit── ready
+        starting ──stop: SIGKILL at once──▶ stopping ◀──stop: SIGTERM, SIGKILL after the grace── ready
+        stopping ──group gone──▶ stopped          stopping ──group not reaped──▶ failed
+
+    `live` states have a process group of ours; only `starting` has a start to settle.
+    """
+
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+    @property
+    def live(self) -> bool:
+        return self in (RuntimeState.STARTING, RuntimeState.READY, RuntimeState.STOPPING)
+
+
+Listener = Callable[[str, "dict[str, Any] | None"], None]
+
+
+class RuntimeLog(LogBuffer):
+    """vLLM's output: a `LogBuffer` that counts the lines it took (`seq`) and reports each one,
+    so the event stream can send the new lines without copying the whole buffer."""
+
+    def __init__(self, on_line: Callable[[], None]) -> None:
+        super().__init__()
+        self.seq = 0
+        self._on_line = on_line
+
+    def _push(self, line: bytes) -> None:
+        super()._push(line)
+        self.seq += 1
+        self._on_line()
+
+    def since(self, seq: int, limit: int) -> tuple[list[str], bool]:
+        """The lines taken after line number `seq`, at most the newest `limit`; and whether some
+        of them are not in the list (dropped from the buffer, or over the limit)."""
+        new = max(self.seq - seq, 0)
+        count = min(new, len(self._lines), limit)
+        newest = list(itertools.islice(reversed(self._lines), count))
+        return [line.decode("utf-8", "replace") for line in reversed(newest)], count < new
 
 
 @dataclass
@@ -71,104 +129,36 @@ class Child:
     api_key: str  # the child's VLLM_API_KEY: for the gateway only, never shown
     exited: asyncio.Future[int]
     drained: asyncio.Future[None]
+    # The status at the moment the start left `starting` (ready, failed, or stopping: canceled).
+    settled: asyncio.Future[dict[str, Any]]
     started_at: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)
-    stopping: bool = False
-    tasks: list[asyncio.Future[None]] = field(default_factory=list)  # drain and watch, kept referenced
-
-
-def group_members(pgid: int) -> list[int]:
-    """Pids whose process group is `pgid`, read from /proc (the main pid alone is not enough)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # comm may hold spaces and parentheses: the fields after the last ")" are fixed.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            members.append(int(entry))
-    return members
-
-
-# /proc/net/tcp{,6} addresses (hex, in the kernel's byte order) that take connections to 127.0.0.1.
-_LOOPBACK_LISTENERS = {
-    "0100007F",  # 127.0.0.1
-    "00000000",  # 0.0.0.0
-    "00000000000000000000000000000000",  # :: (dual-stack)
-    "0000000000000000FFFF00000100007F",  # ::ffff:127.0.0.1
-}
-_TCP_LISTEN = "0A"
-
-
-def listening_inodes(port: int) -> set[int]:
-    """Socket inodes LISTENing on `port` where a connection to 127.0.0.1 could land. Runs in the executor."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except FileNotFoundError:
-            continue  # no IPv6 on this kernel
-        for row in rows:
-            fields = row.split()
-            if len(fields) < 10 or fields[3] != _TCP_LISTEN:
-                continue
-            address, _, hex_port = fields[1].partition(":")
-            if int(hex_port, 16) == port and address in _LOOPBACK_LISTENERS:
-                inodes.add(int(fields[9]))
-    return inodes
-
-
-def socket_inodes(pids: list[int]) -> set[int]:
-    """Inodes of the sockets the processes `pids` hold open (`/proc/<pid>/fd` → `socket:[N]`)."""
-    inodes = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue  # gone meanwhile
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(int(target[8:-1]))
-    return inodes
-
-
-def port_held_by_group(port: int, pgid: int) -> bool:
-    """Whether every socket listening on 127.0.0.1:`port` is held by a process of group `pgid`.
-
-    Fails closed: no listener found, or one we can't attribute to the group, is "not ours".
-    Runs in the executor (it walks /proc).
-    """
-    listening = listening_inodes(port)
-    return bool(listening) and listening <= socket_inodes(group_members(pgid))
+    stopping: bool = False  # we are killing it (stop or failure): its exit is no news
+    tasks: list[asyncio.Future[None]] = field(
+        default_factory=list
+    )  # drain, watch, readiness: kept referenced
 
 
 class Supervisor:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.state = "stopped"
+        self.state = RuntimeState.STOPPED
         self.child: Child | None = None
-        self.logs = LogBuffer()
+        self.logs = RuntimeLog(self._log_line)
         self.exit_code: int | None = None
         self.error: str | None = None
         self.last_lines: list[str] = []
+        self._listeners: set[Listener] = set()
 
-    # --- views ---------------------------------------------------------------------------------
+    # --- views and events ----------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
         child = self.child
+        state = self.state
+        starting = child is not None and state is RuntimeState.STARTING
         return {
-            "state": self.state,
-            "pid": self.vllm_pid() if child and self.state in ("starting", "ready", "stopping") else None,
+            "state": state.value,
+            "pid": self.vllm_pid() if child and state.live else None,
             "pgid": child.pgid if child else None,
             "port": child.port if child else None,
             "model": child.model if child else None,
@@ -176,32 +166,47 @@ class Supervisor:
             "options": child.options.model_dump(mode="json", exclude_none=True) if child else None,
             "started_at": _iso(child.started_at) if child else None,
             "uptime_s": round(time.monotonic() - child.started_monotonic, 1)
-            if child and self.state == "ready"
+            if child and state is RuntimeState.READY
             else None,
+            "starting_for_s": round(time.monotonic() - child.started_monotonic, 1) if starting else None,
+            "start_timeout_s": child.options.start_timeout_s if child else None,
+            "last_line": self.logs.last_line() if starting else None,
             "exit_code": self.exit_code,
             "error": self.error,
-            "last_lines": self.last_lines if self.state == "failed" else [],
+            "last_lines": self.last_lines if state is RuntimeState.FAILED else [],
         }
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """`listener("state", status)` on each state change, `listener("log", None)` on each new log
+        line (read them from `logs`). Called on the IOLoop; it must not block. Returns the
+        unsubscribe function."""
+        self._listeners.add(listener)
+        return lambda: self._listeners.discard(listener)
+
+    def _publish(self, state: RuntimeState) -> None:
+        """Enter `state` and tell the listeners; a start that leaves `starting` settles here."""
+        self.state = state
+        status = self.status()
+        child = self.child
+        if child is not None and state is not RuntimeState.STARTING and not child.settled.done():
+            child.settled.set_result(status)
+        for listener in list(self._listeners):
+            listener("state", status)
+
+    def _log_line(self) -> None:
+        for listener in list(self._listeners):
+            listener("log", None)
 
     def vllm_pid(self) -> int | None:
         """The `vllm serve` main process: the reaper's child."""
         if self.child is None:
             return None
-        shim = self.child.proc.pid
-        for pid in group_members(self.child.pgid):
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            if int(stat[stat.rfind(b")") + 2 :].split()[1]) == shim:
-                return pid
-        return None
+        return child_in_group(self.child.pgid, self.child.proc.pid)
 
     def is_running(self, model_id: str, path: Path | None) -> bool:
         """For the lifecycle lock: is this model what runs (or starts, or stops) now?"""
         child = self.child
-        if child is None or self.state not in ("starting", "ready", "stopping"):
+        if child is None or not self.state.live:
             return False
         if child.active_model_id == model_id:
             return True
@@ -211,9 +216,13 @@ class Supervisor:
 
     def spawn(
         self, model: str, options: RuntimeOptions, *, active_model_id: str | None, model_path: Path | None
-    ) -> None:
-        """Start the child (caller holds the lifecycle lock and stopped any previous one)."""
-        if self.state in ("starting", "ready", "stopping"):
+    ) -> Child:
+        """Start the child and its readiness task, and return at once (state `starting`).
+
+        The caller holds the lifecycle lock and stopped any previous child. Raises Conflict while
+        a child is live, ExternalError when the shim cannot be started.
+        """
+        if self.state.live:
             raise Conflict(f"the runtime is {self.state}; stop it first")
         port = options.port or self.config.runtime_port
         argv = build_argv(self.config.vllm_bin, model, options, port)
@@ -234,8 +243,6 @@ class Supervisor:
         }
         if options.gpu_ids is not None:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in options.gpu_ids)
-        self.logs = LogBuffer()
-        self.exit_code, self.error, self.last_lines = None, None, []
         try:
             # The shim handles the parent's death; its cwd is the scratch directory, ours alone.
             proc = children.spawn(shim, child_env(extra), cwd=scratch, parent_death=False)
@@ -243,6 +250,8 @@ class Supervisor:
             shutil.rmtree(scratch, ignore_errors=True)
             raise ExternalError(f"cannot start the runtime: {exc.strerror}") from None
         loop = asyncio.get_running_loop()
+        self.logs = RuntimeLog(self._log_line)
+        self.exit_code, self.error, self.last_lines = None, None, []
         child = Child(
             proc=proc,
             pgid=proc.pid,
@@ -256,68 +265,99 @@ class Supervisor:
             api_key=api_key,
             exited=asyncio.ensure_future(proc.wait_for_exit(raise_error=False)),
             drained=loop.create_future(),
+            settled=loop.create_future(),
         )
         self.child = child
-        self.state = "starting"
-        child.tasks = [asyncio.ensure_future(self._drain(child)), asyncio.ensure_future(self._watch(child))]
+        self._publish(RuntimeState.STARTING)
+        child.tasks = [
+            asyncio.ensure_future(self._drain(child)),
+            asyncio.ensure_future(self._watch(child)),
+            asyncio.ensure_future(self._readiness(child)),
+        ]
         log.info("runtime: started %s on port %d (pgid %d)", model, port, child.pgid)
+        return child
 
-    async def wait_ready(self) -> dict[str, Any]:
-        """Until /health answers 200, the child dies, the timeout passes, or a stop cancels us."""
-        child = self.child
-        assert child is not None
-        deadline = time.monotonic() + child.options.start_timeout_s
+    async def wait_settled(self, child: Child, timeout_s: float) -> dict[str, Any]:
+        """Wait at most `timeout_s` (0: not at all) for `child`'s start to settle.
+
+        Returns the status when it is ready, or while it is still starting when the time ran
+        out; raises RuntimeFailed (502, with the last lines) when it failed, Conflict (409) when
+        a stop canceled it. Leaving early changes nothing: the readiness task goes on.
+        """
+        if timeout_s > 0 and not child.settled.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(child.settled), timeout_s)
+        if not child.settled.done():
+            return self.status()  # still starting: a child that is replaced has settled first
+        status = child.settled.result()
+        if status["state"] == RuntimeState.READY:
+            return status
+        if status["state"] == RuntimeState.FAILED:
+            raise RuntimeFailed(status["error"] or "vllm failed to start", last_lines=status["last_lines"])
+        raise Conflict(status["error"] or CANCELED, state=status["state"])
+
+    def _loading(self, child: Child) -> bool:
+        return self.child is child and self.state is RuntimeState.STARTING and not child.stopping
+
+    async def _readiness(self, child: Child) -> None:
+        """The start's own task: until /health answers 200 on a port of the child's group, the
+        child dies (`_watch`), `start_timeout_s` passes, or a stop ends the start."""
+        try:
+            await self._poll_health(child)
+        except Exception:  # a bug here must not leave the start hanging in `starting`
+            log.exception("runtime: readiness check of pgid %d failed", child.pgid)
+            if self._loading(child):
+                await self._fail(child, "internal error while waiting for vLLM (see the server log)")
+
+    async def _poll_health(self, child: Child) -> None:
+        deadline = child.started_monotonic + child.options.start_timeout_s
         client = AsyncHTTPClient()
         url = f"http://127.0.0.1:{child.port}/health"
-        while True:
-            if self.child is not child or self.state != "starting":
-                if self.state == "ready" and self.child is child:
-                    return self.status()
-                if self.state == "failed":
-                    raise RuntimeFailed(self.error or "vllm failed to start", last_lines=self.last_lines)
-                raise Conflict(self.error or f"the start was interrupted (runtime {self.state})")
+        loop = asyncio.get_running_loop()
+        while self._loading(child):
             try:
                 request = HTTPRequest(url, follow_redirects=False, request_timeout=5, connect_timeout=2)
                 response = await client.fetch(request, raise_error=False)
-                if response.code == 200 and self.state == "starting" and self.child is child:
-                    ours = await asyncio.get_running_loop().run_in_executor(
-                        None, port_held_by_group, child.port, child.pgid
-                    )
-                    if self.state == "starting" and self.child is child:
-                        if not ours:
-                            await self._fail(child, f"port {child.port} is held by another process")
-                            raise RuntimeFailed(self.error or "port in use", last_lines=self.last_lines)
-                        self.state = "ready"
-                        log.info("runtime: %s is ready on port %d", child.model, child.port)
-                        return self.status()
-                    continue  # stopped or replaced meanwhile: the top of the loop says how
+                healthy = response.code == 200
             except (OSError, HTTPClientError, StreamClosedError):
-                pass  # connection refused: still loading (vLLM opens its port only when ready)
+                healthy = False  # connection refused: still loading (vLLM opens its port only when ready)
+            if healthy and self._loading(child):
+                ours = await loop.run_in_executor(None, port_held_by_group, child.port, child.pgid)
+                if not self._loading(child):
+                    return  # stopped or failed meanwhile
+                if not ours:
+                    await self._fail(child, f"port {child.port} is held by another process")
+                    return
+                log.info("runtime: %s is ready on port %d", child.model, child.port)
+                self._publish(RuntimeState.READY)
+                return
             if time.monotonic() > deadline:
-                await self._fail(child, f"not healthy within {child.options.start_timeout_s} s")
-                raise RuntimeFailed(self.error or "start timed out", last_lines=self.last_lines)
+                if self._loading(child):
+                    await self._fail(child, f"not healthy within {child.options.start_timeout_s} s")
+                return
             await asyncio.sleep(POLL_S)
 
     # --- stop ----------------------------------------------------------------------------------
 
     async def stop(self, *, grace_s: float = TERM_GRACE_S) -> dict[str, Any]:
-        """Stop the child (caller holds the lifecycle lock). A loading child is killed at once."""
+        """Stop the child (caller holds the lifecycle lock). A loading child is killed at once,
+        and its start settles as canceled."""
         child = self.child
-        if child is None or self.state in ("stopped", "failed"):
+        if child is None or not self.state.live:
             if child is not None:
-                await self._kill_group(child)
-            self.state = "stopped" if self.state != "failed" else "failed"
+                await self._kill_group(child)  # a failed child's group is gone already; make sure
             return self.status()
-        loading = self.state == "starting"
+        loading = self.state is RuntimeState.STARTING
         child.stopping = True
-        self.state = "stopping"
-        self.error = "the start was canceled" if loading else None  # wait_ready may wake before we end
+        self.error = CANCELED if loading else None
+        self._publish(RuntimeState.STOPPING)
         try:
             await self._terminate(child, grace_s=0.0 if loading else grace_s)
         except ExternalError as exc:
-            self.state, self.error = "failed", exc.message
+            self.error = exc.message
+            self._publish(RuntimeState.FAILED)
             raise
-        self.state = "stopped"
+        self._publish(RuntimeState.STOPPED)
         log.info("runtime: stopped %s", child.model)
         return self.status()
 
@@ -376,17 +416,19 @@ class Supervisor:
             await self._kill_group(child)  # orphans (EngineCore, Worker) go too
         except ExternalError as exc:
             reason = f"{reason}; {exc.message}"
+        if self.child is not child or self.state not in (RuntimeState.STARTING, RuntimeState.READY):
+            return  # a stop took over while we killed: its outcome stands
         if code is None and child.exited.done():
             code = child.exited.result()
         # The reaper reports vLLM's signals as 128+N; a signal to the reaper itself reads the same.
         self.exit_code = 128 - code if code is not None and code < 0 else code
         self.last_lines = self.logs.lines(LAST_LINES)
         self.error = reason
-        self.state = "failed"
         log.warning("runtime: %s failed: %s", child.model, reason)
+        self._publish(RuntimeState.FAILED)
 
     async def shutdown(self) -> None:
-        if self.child is not None and self.state in ("starting", "ready", "stopping"):
+        if self.child is not None and self.state.live:
             await self.stop()
 
 

@@ -1,12 +1,15 @@
 // Runtime: what vLLM runs now, run a ready model with options, restart or stop it, its live log,
 // and, when it failed, why (error, exit code, last lines).
 //
-// API: GET /api/runtime and GET /api/runtime/logs?tail=200 every 2 s; GET /api/models (the ready
-// models to run); GET /api/methods (the options form is generated from runtime.switch's published
-// input schema, see ../schema-form.js); POST /api/runtime/switch {model_id, options} (Start and
-// Switch: it answers once vLLM is healthy), POST /api/runtime/restart (same model, same options),
-// POST /api/runtime/stop.
-import { api } from "../api.js";
+// API: GET /api/runtime, GET /api/models (the ready models to run) and GET /api/methods (the
+// options form is generated from runtime.switch's published input schema, see ../schema-form.js)
+// once; then the Server-Sent Events of GET /api/runtime/events: the state and the log's last lines
+// at once, then each state change and each new log line (no polling; one GET /api/runtime while the
+// stream reconnects). POST /api/runtime/switch {model_id, options} (Start and Switch) and
+// POST /api/runtime/restart (same model, same options) answer 202 at once with state "starting":
+// the page shows the start's progress, then, from the events, "ready" or the failure with vLLM's
+// last lines. POST /api/runtime/stop (it cancels a start that is still loading).
+import { api, events } from "../api.js";
 import { schemaForm, resolveSchema } from "../schema-form.js";
 import {
   badge, clear, confirmDialog, empty, errorSlot, every, field, formatDuration, formatTime, h, humanError,
@@ -15,7 +18,10 @@ import {
 
 const RUNNING = new Set(["starting", "ready", "stopping"]);
 const LOG_TAIL = 200;
+const RECONNECT_MS = 2000;
 const SIGNALS = { 1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM" };
+// Where a state stands in one start's life: an answer older than what the events said is ignored.
+const RANK = { starting: 0, ready: 1, stopping: 2, stopped: 3, failed: 3 };
 
 export async function render(root, page) {
   const body = h("div.runtime", placeholder(10));
@@ -25,16 +31,14 @@ export async function render(root, page) {
   let status;
   let models;
   let methods;
-  let firstLog;
   try {
-    [status, models, methods, firstLog] = await Promise.all([
+    [status, models, methods] = await Promise.all([
       get("/runtime"),
       get("/models"),
       get("/methods").catch((error) => {
         if (error.name === "AbortError" || error.status === 401) throw error;
         return { error };
       }),
-      get("/runtime/logs", { tail: LOG_TAIL }),
     ]);
   } catch (error) {
     if (error.name === "AbortError" || error.status === 401) return;
@@ -43,8 +47,11 @@ export async function render(root, page) {
   }
   const ready = models.models.filter((m) => m.status === "ready");
   const names = new Map(models.models.map((m) => [m.id, m.name]));
-  let busy = null; // the run action this page is waiting for: "start" | "switch" | "restart"
+  let busy = null; // a run action whose POST is in flight: "start" | "switch" | "restart"
+  let pending = null; // a start this page began, until it settles: {action, pgid, slot, name}
   let stopping = false; // a stop this page asked for (it may cancel a start that is still loading)
+  let receivedAt = performance.now(); // when `status` arrived (its starting_for_s was true then)
+  const logLines = [];
 
   // --- current state -----------------------------------------------------------------------------
   const facts = h("dl.facts");
@@ -87,8 +94,9 @@ export async function render(root, page) {
   // --- log ---------------------------------------------------------------------------------------
   const log = h("pre.log.runtime-log", { "aria-label": "vLLM log", tabindex: "0" });
   const logEmpty = h("p.hint", "No output yet: vLLM's output appears here once it starts.");
+  const liveNote = h("span.hint.runtime-live", { role: "status" }, `last ${LOG_TAIL} lines, connecting…`);
   const logCard = h("section.card.runtime-log-card", { "aria-labelledby": "rt-log" },
-    h("div.log-head", h("h2#rt-log", "vLLM log"), h("span.hint", `last ${LOG_TAIL} lines, refreshed every 2 s`)),
+    h("div.log-head", h("h2#rt-log", "vLLM log"), liveNote),
     logEmpty, log);
 
   clear(body, stateCard, failureSlot, runCard, logCard);
@@ -106,6 +114,10 @@ export async function render(root, page) {
     if (live && st.port) rows.push(["Port", String(st.port)]);
     if (st.state === "ready") rows.push(["Up for", formatDuration(st.uptime_s)]);
     else if (st.started_at && RUNNING.has(st.state)) rows.push(["Started", formatTime(st.started_at)]);
+    if (st.state === "starting" && st.starting_for_s !== null && st.starting_for_s !== undefined) {
+      const loading = st.starting_for_s + (performance.now() - receivedAt) / 1000;
+      rows.push(["Loading for", `${formatDuration(loading)} of at most ${formatDuration(st.start_timeout_s)}`]);
+    }
     rows.push(["Gateway upstream", st.upstream ? h("code", st.upstream) : "—"]);
     if (st.error && st.state !== "failed") rows.push(["Last error", st.error]);
     clear(facts, rows.map(([k, v]) => [h("dt", k), h("dd", v)]));
@@ -144,15 +156,17 @@ export async function render(root, page) {
   const syncButtons = () => {
     const { state } = status;
     const running = RUNNING.has(state);
-    const label = { start: "Starting…", switch: "Switching…" }[busy] || (running ? "Switch" : "Start");
+    // The action this page began, while its POST is out or its start loads.
+    const ongoing = busy || (pending && state === "starting" ? pending.action : null);
+    const label = { start: "Starting…", switch: "Switching…" }[ongoing] || (running ? "Switch" : "Start");
     submit.textContent = label;
     const unchanged = running && select.value === status.active_model_id && !optionsChanged();
     submit.disabled = Boolean(busy) || stopping || state === "starting" || state === "stopping" || !select.value
       || unchanged;
     submit.toggleAttribute("aria-busy", busy === "start" || busy === "switch");
 
-    restartButton.hidden = !(state === "ready" || state === "failed" || busy === "restart");
-    restartButton.textContent = busy === "restart" ? "Restarting…" : "Restart";
+    restartButton.hidden = !(state === "ready" || state === "failed" || ongoing === "restart");
+    restartButton.textContent = ongoing === "restart" ? "Restarting…" : "Restart";
     restartButton.disabled = Boolean(busy) || stopping || state === "stopping";
     restartButton.toggleAttribute("aria-busy", busy === "restart");
 
@@ -185,45 +199,94 @@ export async function render(root, page) {
     if (following) log.scrollTop = log.scrollHeight;
   };
 
-  let polling = false;
-  const refresh = async () => {
-    if (polling) return;
-    polling = true;
-    try {
-      const [st, lines] = await Promise.all([get("/runtime"), get("/runtime/logs", { tail: LOG_TAIL })]);
+  // A log event: the last lines afresh (`reset`: a new connection, or a new vLLM), or new lines.
+  const addLog = ({ reset, lines }) => {
+    if (reset) logLines.length = 0;
+    logLines.push(...lines);
+    if (logLines.length > LOG_TAIL) logLines.splice(0, logLines.length - LOG_TAIL);
+    showLog(logLines);
+  };
+
+  // Take a status: the events' always (they come in order); an answer to a request only when the
+  // events have not already said something newer about the same vLLM.
+  const setStatus = (st, fromEvents = false) => {
+    const stale = !fromEvents && status && st.pgid === status.pgid && RANK[st.state] < RANK[status.state];
+    if (!stale) {
       status = st;
-      showState();
-      showLog(lines.lines);
+      receivedAt = performance.now();
+    }
+    showState();
+    settle();
+  };
+
+  // The start this page began has left "starting": say how it ended, next to what began it.
+  const settle = () => {
+    if (!pending || status.pgid !== pending.pgid || status.state === "starting") return;
+    const done = pending;
+    pending = null;
+    syncButtons();
+    if (status.state === "ready") {
+      toast(done.action === "restart" ? `${done.name} restarted and is ready.` : `${done.name} is ready.`, "ok");
+    } else if (status.state === "failed") {
+      showError(done.slot, `vLLM failed to start: ${sentence(status.error || "it stopped on its own")} Its last lines are above.`);
+    } else {
+      showError(done.slot, "The start was canceled.");
+    }
+  };
+
+  const refresh = async () => {
+    try {
+      setStatus(await get("/runtime"));
       refreshError.hidden = true;
     } catch (error) {
       if (error.name === "AbortError" || error.status === 401) return;
       refreshError.hidden = false;
       refreshError.textContent = `Could not refresh the state: ${humanError(error)}`;
-    } finally {
-      polling = false;
+    }
+  };
+
+  const setLive = (on) => {
+    liveNote.textContent = on ? `last ${LOG_TAIL} lines, live` : "Live updates were interrupted; reconnecting…";
+  };
+
+  // Follow the event stream until the page is left; reconnect RECONNECT_MS after it ends or fails.
+  const follow = async () => {
+    while (!page.signal.aborted) {
+      try {
+        await events("/runtime/events", (type, data) => {
+          setLive(true);
+          refreshError.hidden = true;
+          if (type === "state" && data && data.status) setStatus(data.status, true);
+          else if (type === "log" && data && Array.isArray(data.lines)) addLog(data);
+        }, { signal: page.signal });
+      } catch (error) {
+        if (page.signal.aborted || error.name === "AbortError" || error.status === 401) return;
+      }
+      if (page.signal.aborted) return;
+      setLive(false); // failed, or the server closed the stream (it is stopping): try again
+      await refresh();
+      await sleep(RECONNECT_MS, page.signal);
     }
   };
 
   // --- actions -----------------------------------------------------------------------------------
-  // Run Start/Switch/Restart (they answer once vLLM is healthy); returns the new status, or null
-  // when the page was left meanwhile. The button shows the action until then.
-  const act = async (name, slot, call) => {
+  // Start/Switch/Restart answer 202 at once (state "starting"); the events then say how the start
+  // ends (`settle`). Returns the answer, or null when the page was left meanwhile.
+  const act = async (name, slot, label, call) => {
     busy = name;
     showError(slot, null);
     showState();
-    setTimeout(() => page.signal.aborted || refresh(), 300); // the state turns "starting" at once
     try {
-      status = await call();
-      return status;
+      const st = await call();
+      pending = { action: name, pgid: st.pgid, slot, name: label || modelName(st) };
+      setStatus(st);
+      return st;
     } catch (error) {
       if (error.name === "AbortError") return null;
       throw error;
     } finally {
       busy = null;
-      if (!page.signal.aborted) {
-        syncButtons();
-        refresh();
-      }
+      if (!page.signal.aborted) showState();
     }
   };
 
@@ -242,8 +305,8 @@ export async function render(root, page) {
     if (Object.keys(values).length) body.options = values;
     const action = RUNNING.has(status.state) ? "switch" : "start";
     try {
-      const st = await act(action, runError, () => api("POST", "/runtime/switch", body, { signal: page.signal }));
-      if (st) toast(`${names.get(modelId) || "The model"} is ready.`, "ok");
+      await act(action, runError, names.get(modelId) || "The model",
+        () => api("POST", "/runtime/switch", body, { signal: page.signal }));
     } catch (error) {
       if (error.status === 401) return;
       placeErrors(error.fieldErrors, "options", error);
@@ -268,8 +331,7 @@ export async function render(root, page) {
   restartButton.addEventListener("click", async () => {
     if (busy) return;
     try {
-      const st = await act("restart", controlError, () => api("POST", "/runtime/restart", {}, { signal: page.signal }));
-      if (st) toast(`${modelName(st)} restarted and is ready.`, "ok");
+      await act("restart", controlError, null, () => api("POST", "/runtime/restart", {}, { signal: page.signal }));
     } catch (error) {
       if (error.status !== 401) showError(controlError, error);
     }
@@ -286,22 +348,21 @@ export async function render(root, page) {
     showError(controlError, null);
     syncButtons();
     try {
-      status = await api("POST", "/runtime/stop", undefined, { signal: page.signal });
+      setStatus(await api("POST", "/runtime/stop", undefined, { signal: page.signal }));
       toast("vLLM stopped.", "ok");
     } catch (error) {
       if (error.name !== "AbortError" && error.status !== 401) showError(controlError, error);
     } finally {
       stopping = false;
-      if (!page.signal.aborted) {
-        syncButtons();
-        refresh();
-      }
+      if (!page.signal.aborted) syncButtons();
     }
   });
 
   showState();
-  showLog(firstLog.lines);
-  every(2000, refresh, page);
+  showLog(logLines);
+  follow();
+  // While a start loads, its "Loading for" counts up between events.
+  every(1000, () => status.state === "starting" && showState(), page);
 
   function optionsForm(result) {
     const schema = result && !result.error && optionsSchema(result.methods);
@@ -342,6 +403,20 @@ function exitCodeText(code) {
     return `${code} (killed by signal ${n}${SIGNALS[n] ? `, ${SIGNALS[n]}` : ""})`;
   }
   return String(code);
+}
+
+function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    const stop = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+    const timer = setTimeout(() => {
+      signal.removeEventListener("abort", stop);
+      resolve();
+    }, ms);
+    signal.addEventListener("abort", stop, { once: true });
+  });
 }
 
 function sentence(text) {
