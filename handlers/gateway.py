@@ -69,6 +69,18 @@ class _ClientGone(Exception):
     """Raised in the streaming callback to stop reading from the upstream."""
 
 
+def _upstream_lost_event(anthropic: bool) -> bytes:
+    """The last event of a stream the upstream cut (docs/gateway.md): the OpenAI SDKs raise on a
+    `data: {"error": …}` event, Anthropic's on `event: error`. It starts with a blank line, so that
+    it stands alone even if the upstream broke off inside an event (SSE parsers skip blank lines)."""
+    message = "upstream connection lost"
+    if anthropic:
+        payload = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"\n\nevent: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
+    error = {"message": message, "type": "api_error", "param": None, "code": UpstreamUnavailable.code}
+    return b"\n\ndata: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
 @tornado.web.stream_request_body
 class GatewayHandler(JsonHandler):
     surface = Surface.GATEWAY
@@ -237,9 +249,10 @@ class GatewayHandler(JsonHandler):
         except (OSError, StreamClosedError, HTTPClientError) as exc:
             # An HTTPClientError here is a 599 (connection closed, timeout): with raise_error=False
             # an upstream HTTP status arrives as a response, never as an exception.
-            if self._client_gone:
-                return
-            if self.session is not None and self.session.is_cancelled:
+            stopped = self.session is not None and self.session.is_cancelled
+            if self._client_gone and (self.session is None or stopped or not self._headers_sent):
+                return  # we cut it ourselves (the client left, or the owner stopped it), or nothing came
+            if stopped:
                 # DELETE /v1/stream stopped it: the owner canceled, the upstream did not fail.
                 self._stopped = True
                 self.request.connection.close()
@@ -250,9 +263,23 @@ class GatewayHandler(JsonHandler):
                 self.fail(UpstreamUnavailable("upstream unavailable"))
                 return
             # Part of the body is out: cut the client's connection too, so it sees an incomplete
-            # response, never a clean end of a truncated stream.
+            # response, never a clean end of a truncated stream. An event stream first gets one
+            # error event (SDKs raise it; a bare cut often reads as a stream that just stopped),
+            # and so does an attached session, whether or not its client is still here: a replay
+            # of it ends the same way.
             log.warning("upstream connection broke mid-response: %s", exc)
             self._upstream_broke = True
+            event = _upstream_lost_event(self.anthropic) if self._event_stream() else None
+            if event is not None and self.session is not None:
+                self.session.append(event)
+            if self._client_gone:
+                return
+            if event is not None:
+                try:
+                    self.write(event)
+                    await self.flush()
+                except StreamClosedError:
+                    pass
             self.request.connection.close()
             return
         if self._client_gone:
@@ -262,6 +289,10 @@ class GatewayHandler(JsonHandler):
         if buffered is not None:
             self.write(rewrite(b"".join(buffered)))
         self.finish()
+
+    def _event_stream(self) -> bool:
+        """Whether the response relayed so far is an SSE stream (the upstream's Content-Type)."""
+        return self._headers.get("Content-Type", "").startswith("text/event-stream")
 
     def _header_line(self, line: str) -> None:
         if line.startswith("HTTP/"):

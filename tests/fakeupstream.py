@@ -1,36 +1,49 @@
-"""A small, faithful fake of a vLLM OpenAI/Anthropic HTTP server (`vllm serve`), for gateway tests.
+"""A small, faithful fake of a vLLM 0.32 OpenAI/Anthropic HTTP server (`vllm serve`), for gateway tests.
 
 It runs a Tornado app on ``127.0.0.1`` in a background thread with its own IOLoop, and records what
 it receives: every request (method, path with query, headers in arrival order, raw body bytes,
-arrival time) and every connection close it observes while answering (time). It serves the shapes
-vLLM 0.32 sends:
+arrival time, client port), every connection its client closed while it was still answering, and
+how every connection ended. Every body, SSE event and error comes from `tools/vllm_shapes.py`,
+the shapes `tools/fake_vllm.py` serves too; tests/test_fakes_match_vllm.py compares both with the
+real vLLM, request for request. It serves:
 
+    GET  /health                        200, empty
     GET  /v1/models                     {"object":"list","data":[{"id":…,"object":"model",…}]}
     POST /v1/chat/completions           chat.completion, or SSE chat.completion.chunk … data: [DONE]
     POST /v1/completions                text_completion, or SSE chunks … data: [DONE]
     POST /v1/responses                  response JSON, or SSE with ``event: response.created`` …
                                         ``event: response.completed`` lines (no [DONE], like vLLM)
-    POST /v1/embeddings                 list of embeddings (``encoding_format`` float or base64)
+    POST /v1/embeddings                 list of embeddings (``encoding_format`` float or base64); the
+                                        real one serves it for a pooling model only
     POST /v1/messages                   Anthropic message, or SSE ``event: message_start`` …
                                         ``event: message_stop``
-    POST /v1/messages/count_tokens      {"input_tokens": n}
+    POST /v1/messages/count_tokens      {"input_tokens": n, "context_management": {…}}
 
-Like vLLM: an unknown model is 404 ``The model `x` does not exist.``; a body that is not JSON is 400;
-with ``api_key`` set (``vllm serve --api-key``) a request without exactly that Bearer is 401
-``{"error": "Unauthorized"}``. Errors use vLLM's OpenAI shape, or the Anthropic shape on
-``/v1/messages*``.
+Like vLLM 0.32 (measured; see tools/vllm_shapes.py): a request without ``model`` is answered by the
+first of ``models``; an unknown model is 404 ``The model `x` does not exist. Valid aliases: tiny.``;
+a body that is not ``application/json``, not JSON or not an object is 400; with ``api_key`` set
+(``vllm serve --api-key``) a request under /v1 whose first Authorization header is not that Bearer is
+401 ``{"error": "Unauthorized"}``; an idle keep-alive connection is closed ``keep_alive`` s (5, as
+uvicorn does) after its last response. The generated text is ``reply``, one piece (token) per word,
+cut to the request's max tokens (finish reason ``length``); a prompt counts one token per word.
 
 Knobs (set from the test thread; read by the handlers as they run):
 
     first_chunk_pause   seconds between a stream's first chunk and the rest (0: none)
-    word_interval       seconds between the streamed words of a chat completion (0: none)
+    word_interval       seconds between the streamed pieces (0: none)
     reasoning           a streamed chat completion first sends this, word by word, as
-                        ``delta.reasoning_content`` (as vLLM with a reasoning parser), then the
-                        reply as ``delta.content`` ("": no reasoning)
-    endless             streams never end: one more delta every ``endless_interval`` s
+                        ``delta.reasoning`` (as vLLM 0.32 with a reasoning parser), then the reply as
+                        ``delta.content`` ("": no reasoning); a plain one has it in
+                        ``message.reasoning``
+    endless             streams never end: one more piece every ``endless_interval`` s
     fail                (status, body, content type): every request answers that, as is
     hang_up             close the connection once the request is read, without answering (a crash)
     break_midway        close the connection 0.1 s after a stream's first chunk, mid-body (a crash)
+    engine_dies         after a stream's first chunk and one piece, answer as vLLM does when its
+                        engine process dies: the in-band error events, then a clean end (chat,
+                        completions, messages) or a cut connection (responses). The real server then
+                        exits; use down() for that
+    keep_alive          seconds an idle keep-alive connection is kept (uvicorn: 5)
     extra_headers       added to every answer (e.g. cache headers the gateway must replace)
     reply               the generated text
     down() / up()       stop listening (connections refused) / listen again on the same port
@@ -42,24 +55,34 @@ connection within a second.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import struct
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import tornado.httpserver
+import tornado.httputil
 import tornado.netutil
 import tornado.web
-from tornado.iostream import StreamClosedError
+from tornado.iostream import IOStream, StreamClosedError
+
+from tools import vllm_shapes as shapes
 
 MODEL = "tiny"
 _MAX_BODY = 64 * 1024 * 1024
+_ROUTES = {
+    "/health": ("GET",),
+    "/v1/models": ("GET",),
+    "/v1/chat/completions": ("POST",),
+    "/v1/completions": ("POST",),
+    "/v1/responses": ("POST",),
+    "/v1/embeddings": ("POST",),
+    "/v1/messages": ("POST",),
+    "/v1/messages/count_tokens": ("POST",),
+}
 
 
 @dataclass(frozen=True)
@@ -96,22 +119,17 @@ class Closed:
     at: float  # time.monotonic()
 
 
-class _ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.param = param
+@dataclass(frozen=True)
+class ConnectionEnd:
+    """A connection that ended, whoever closed it."""
+
+    peer: int  # the client's port, as in Received.peer
+    at: float  # time.monotonic()
+    by_keep_alive: bool  # closed by the fake: idle `keep_alive` s after its last response
 
 
 class _Gone(Exception):
     """The client closed the connection; stop answering."""
-
-
-def _sse(payload: Any, event: str | None = None) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload)
-    return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
 
 
 def _split_words(text: str) -> list[str]:
@@ -122,15 +140,6 @@ def _split_words(text: str) -> list[str]:
 
 def _tokens(text: str) -> int:
     return max(1, len(text.split()))
-
-
-def _text_of(content: Any) -> str:
-    """The text of an OpenAI/Anthropic message content: a string or a list of text parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
 
 
 class _Handler(tornado.web.RequestHandler):
@@ -160,6 +169,9 @@ class _Handler(tornado.web.RequestHandler):
     def on_connection_close(self) -> None:
         self._note_closed()
 
+    def on_finish(self) -> None:
+        self.fake._response_ended(self.request.connection.stream)
+
     def _note_closed(self) -> None:
         if not self._closed_recorded:
             self._closed_recorded = True
@@ -169,14 +181,17 @@ class _Handler(tornado.web.RequestHandler):
 
     # --- dispatch ----------------------------------------------------------------------------
 
-    async def get(self, path: str) -> None:
-        await self._answer("GET", path)
+    async def get(self) -> None:
+        await self._answer()
 
-    async def post(self, path: str) -> None:
-        await self._answer("POST", path)
+    async def post(self) -> None:
+        await self._answer()
 
-    async def _answer(self, method: str, path: str) -> None:
-        anthropic = path.startswith("messages")
+    head = get
+    put = patch = delete = post
+
+    async def _answer(self) -> None:
+        path = self.request.path
         try:
             if self.fake.hang_up:
                 self._hang_up()
@@ -186,37 +201,26 @@ class _Handler(tornado.web.RequestHandler):
                 self.set_header("Content-Type", content_type)
                 self.finish(body)
                 return
-            self._check_auth()
-            route = {
-                ("GET", "models"): self._models,
-                ("POST", "chat/completions"): self._chat,
-                ("POST", "completions"): self._completions,
-                ("POST", "responses"): self._responses,
-                ("POST", "embeddings"): self._embeddings,
-                ("POST", "messages"): self._messages,
-                ("POST", "messages/count_tokens"): self._count_tokens,
-            }.get((method, path))
-            if route is None:
-                if any(p == path for _, p in self._routes()):
-                    raise _ApiError(405, "Method Not Allowed", "MethodNotAllowed")
-                raise _ApiError(404, "Not Found", "NotFoundError")
-            await route()
-        except _ApiError as exc:
-            self._error(exc, anthropic)
+            authorization = self.request.headers.get_list("Authorization")
+            if not shapes.authorized(path, authorization[0] if authorization else None, self.fake.api_key):
+                self.set_status(401)
+                self._json(shapes.UNAUTHORIZED)
+                return
+            shapes.check_route(path, self.request.method or "", _ROUTES)
+            await {
+                "/health": self._health,
+                "/v1/models": self._models,
+                "/v1/chat/completions": self._chat,
+                "/v1/completions": self._completions,
+                "/v1/responses": self._responses,
+                "/v1/embeddings": self._embeddings,
+                "/v1/messages": self._messages,
+                "/v1/messages/count_tokens": self._count_tokens,
+            }[path]()
+        except shapes.ApiError as exc:
+            self._error(exc, path)
         except _Gone:
             self._note_closed()
-
-    @staticmethod
-    def _routes() -> list[tuple[str, str]]:
-        return [
-            ("GET", "models"),
-            ("POST", "chat/completions"),
-            ("POST", "completions"),
-            ("POST", "responses"),
-            ("POST", "embeddings"),
-            ("POST", "messages"),
-            ("POST", "messages/count_tokens"),
-        ]
 
     def _hang_up(self) -> None:
         """Close the connection now, as a crashing server does: no answer, or half of one."""
@@ -225,45 +229,25 @@ class _Handler(tornado.web.RequestHandler):
         self._finished = True  # nothing more to send; Tornado must not try
         raise _Gone()
 
-    def _check_auth(self) -> None:
-        if self.fake.api_key is None:
-            return
-        values = self.request.headers.get_list("Authorization")
-        if values != [f"Bearer {self.fake.api_key}"]:
-            self.set_status(401)
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"error": "Unauthorized"}))
-            raise _Gone()
-
-    def _error(self, exc: _ApiError, anthropic: bool) -> None:
+    def _error(self, exc: shapes.ApiError, path: str) -> None:
         self.set_status(exc.status)
-        self.set_header("Content-Type", "application/json")
-        if anthropic:
-            kind = {400: "invalid_request_error", 404: "not_found_error"}.get(exc.status, "api_error")
-            payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": exc.message}}
-        else:
-            payload = {
-                "error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": exc.status}
-            }
-        self.finish(json.dumps(payload))
+        if isinstance(exc, shapes.DetailError) and exc.allow:
+            self.set_header("Allow", exc.allow)
+        self._json(exc.body(path))
 
     def _body(self) -> dict[str, Any]:
-        try:
-            body = json.loads(self.request.body)
-        except ValueError as exc:
-            raise _ApiError(400, f"JSON decode error: {exc}") from None
-        if not isinstance(body, dict):
-            raise _ApiError(400, "Input should be a valid dictionary or object")
-        model = body.get("model")
-        if model not in self.fake.models:
-            raise _ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        return body
+        return shapes.parse_body(
+            self.request.path, self.request.headers.get("Content-Type"), self.request.body
+        )
+
+    def _model(self, body: dict[str, Any]) -> str:
+        return shapes.served_model(body, list(self.fake.models))
 
     # --- plain JSON and SSE --------------------------------------------------------------------
 
     def _json(self, payload: Any) -> None:
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(payload))
+        self.finish(shapes.json_bytes(payload))
 
     async def _send(self, chunk: bytes) -> None:
         if self.fake._stopping.is_set():
@@ -274,426 +258,208 @@ class _Handler(tornado.web.RequestHandler):
         except StreamClosedError:
             raise _Gone() from None
 
-    async def _stream(
-        self, first: list[bytes], rest: list[bytes], more: Any, done: list[bytes], interval: float = 0.0
-    ) -> None:
-        """first chunk, the pause, the rest (`interval` s apart); `more(i)` gives the endless stream's
-        i-th chunk."""
-        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
+    def _reply(self, limit: Any) -> tuple[list[str], str]:
+        """The pieces of `reply` and the finish reason: cut to the request's max tokens, `length`."""
+        words = _split_words(self.fake.reply)
+        if isinstance(limit, int) and 0 < limit < len(words):
+            return words[:limit], "length"
+        return words, "stop"
+
+    async def _stream(self, stream: shapes.Stream, limit: Any, reasoning: str = "") -> None:
+        """The first chunk (what comes before the text; a completion's first piece), the pause, the
+        pieces `word_interval` s apart (endless: more of them), then the end."""
+        fake = self.fake
+        self.set_header("Content-Type", shapes.SSE_CONTENT_TYPE)
+        words, finish = self._reply(limit)
+        last = words.pop()
+        first = stream.start()
+        if not first and words:  # a completion has no head: its first piece is its first chunk
+            first = [stream.piece(words.pop(0))]
         await self._send(b"".join(first))
-        if self.fake.break_midway:
+        if fake.break_midway:
             await asyncio.sleep(0.1)  # the first chunk is relayed before the crash
             self._hang_up()
-        if self.fake.first_chunk_pause:
-            await asyncio.sleep(self.fake.first_chunk_pause)
-        for n, chunk in enumerate(rest):
-            if interval and n:
-                await asyncio.sleep(interval)
-            await self._send(chunk)
+        if fake.engine_dies:
+            await self._send(stream.piece(words.pop(0) if words else last))
+            events, clean = stream.engine_died()
+            for event in events:
+                await self._send(event)
+            if not clean:
+                self._hang_up()
+            self.finish()
+            return
+        if fake.first_chunk_pause:
+            await asyncio.sleep(fake.first_chunk_pause)
+        pieces: list[Any] = []
+        if isinstance(stream, shapes.ChatStream):
+            pieces += [(stream.reasoning, w) for w in (_split_words(reasoning) if reasoning else [])]
+        pieces += [(stream.piece, w) for w in words]
+        for n, (make, text) in enumerate(pieces):
+            if fake.word_interval and n:
+                await asyncio.sleep(fake.word_interval)
+            await self._send(make(text))
         i = 0
-        while self.fake.endless:
-            await asyncio.sleep(self.fake.endless_interval)
-            await self._send(more(i))
+        while fake.endless:
+            await asyncio.sleep(fake.endless_interval)
+            await self._send(stream.piece(f" more{i}"))
             i += 1
-        for chunk in done:
+        if fake.word_interval and pieces:
+            await asyncio.sleep(fake.word_interval)
+        for chunk in stream.end(last, finish):
             await self._send(chunk)
         self.finish()
 
-    def _words(self) -> list[str]:
-        return _split_words(self.fake.reply)
+    def _generated(self, model: str, prompt: str, limit: Any) -> shapes.Generated:
+        words, finish = self._reply(limit)
+        return shapes.Generated(model, "".join(words), _tokens(prompt), len(words), finish)
 
     # --- OpenAI ------------------------------------------------------------------------------
 
-    async def _models(self) -> None:
-        created = int(time.time())
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "vllm",
-                "root": f"/models/{name}",
-                "parent": None,
-                "max_model_len": 512,
-                "permission": [
-                    {
-                        "id": f"modelperm-{uuid.uuid4().hex}",
-                        "object": "model_permission",
-                        "created": created,
-                        "allow_create_engine": False,
-                        "allow_sampling": True,
-                        "allow_logprobs": True,
-                        "allow_search_indices": False,
-                        "allow_view": True,
-                        "allow_fine_tuning": False,
-                        "organization": "*",
-                        "group": None,
-                        "is_blocking": False,
-                    }
-                ],
-            }
-            for name in self.fake.models
-        ]
-        self._json({"object": "list", "data": data})
+    async def _health(self) -> None:
+        self.finish()
 
-    def _usage(self, prompt: str) -> dict[str, Any]:
-        p, c = _tokens(prompt), len(self._words())
-        return {
-            "prompt_tokens": p,
-            "total_tokens": p + c,
-            "completion_tokens": c,
-            "prompt_tokens_details": None,
-        }
+    async def _models(self) -> None:
+        models = list(self.fake.models)
+        self._json(shapes.models(models, f"/models/{models[0]}", self.fake.max_model_len))
+
+    def _usage_options(self, body: dict[str, Any]) -> bool:
+        return bool((body.get("stream_options") or {}).get("include_usage"))
 
     async def _chat(self) -> None:
         body = self._body()
+        model = self._model(body)
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _ApiError(400, "messages: Field required")
-        prompt = " ".join(_text_of(m.get("content")) for m in messages if isinstance(m, dict))
-        cid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body["model"]
+        shapes.check_messages(messages)
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        shapes.check_max_tokens(limit, self.fake.max_model_len)
+        prompt = " ".join(shapes.text_of(m.get("content")) for m in messages if isinstance(m, dict))
         if not body.get("stream"):
-            self._json(
-                {
-                    "id": cid,
-                    "object": "chat.completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {
-                                "role": "assistant",
-                                "content": self.fake.reply,
-                                "refusal": None,
-                                "annotations": None,
-                                "audio": None,
-                                "function_call": None,
-                                "tool_calls": [],
-                                "reasoning_content": self.fake.reasoning or None,
-                            },
-                            "logprobs": None,
-                            "finish_reason": "stop",
-                            "stop_reason": None,
-                        }
-                    ],
-                    "service_tier": None,
-                    "system_fingerprint": None,
-                    "usage": self._usage(prompt),
-                    "prompt_logprobs": None,
-                    "kv_transfer_params": None,
-                }
-            )
+            generated = replace(self._generated(model, prompt, limit), reasoning=self.fake.reasoning or None)
+            self._json(shapes.chat_completion(generated))
             return
-
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            if finish:
-                choice["stop_reason"] = None
-            return _sse(
-                {
-                    "id": cid,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": model,
-                    "choices": [choice],
-                }
-            )
-
-        first = [chunk({"role": "assistant", "content": ""})]
-        thinking = _split_words(self.fake.reasoning) if self.fake.reasoning else []
-        rest = [chunk({"reasoning_content": w}) for w in thinking]
-        rest += [chunk({"content": w}) for w in self._words()]
-        done = [chunk({"content": ""}, "stop")]
-        if (body.get("stream_options") or {}).get("include_usage"):
-            done.append(
-                _sse(
-                    {
-                        "id": cid,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": self._usage(prompt),
-                    }
-                )
-            )
-        done.append(_sse("[DONE]"))
-        await self._stream(
-            first, rest, lambda i: chunk({"content": f" more{i}"}), done, self.fake.word_interval
-        )
+        stream = shapes.ChatStream(model, _tokens(prompt), self._usage_options(body))
+        await self._stream(stream, limit, self.fake.reasoning)
 
     async def _completions(self) -> None:
         body = self._body()
+        model = self._model(body)
         prompt = body.get("prompt")
-        if not isinstance(prompt, str | list):
-            raise _ApiError(400, "prompt: Field required")
+        shapes.check_prompt(prompt)
+        limit = body.get("max_tokens")
+        shapes.check_max_tokens(limit, self.fake.max_model_len)
         prompt_text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
-        cid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), body["model"]
         if not body.get("stream"):
-            self._json(
-                {
-                    "id": cid,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "text": self.fake.reply,
-                            "logprobs": None,
-                            "finish_reason": "length",
-                            "stop_reason": None,
-                            "prompt_logprobs": None,
-                        }
-                    ],
-                    "service_tier": None,
-                    "system_fingerprint": None,
-                    "usage": self._usage(prompt_text),
-                    "kv_transfer_params": None,
-                }
-            )
+            self._json(shapes.completion(self._generated(model, prompt_text, limit)))
             return
-
-        def chunk(text: str, finish: str | None = None) -> bytes:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish,
-                "stop_reason": None,
-            }
-            return _sse(
-                {
-                    "id": cid,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [choice],
-                }
-            )
-
-        words = self._words()
-        await self._stream(
-            [chunk(words[0])],
-            [chunk(w) for w in words[1:]],
-            lambda i: chunk(f" more{i}"),
-            [chunk("", "length"), _sse("[DONE]")],
-        )
+        stream = shapes.CompletionStream(model, _tokens(prompt_text), self._usage_options(body))
+        await self._stream(stream, limit)
 
     async def _responses(self) -> None:
         body = self._body()
-        prompt = _text_of(body.get("input")) if not isinstance(body.get("input"), list) else ""
-        if isinstance(body.get("input"), list):
-            prompt = " ".join(_text_of(m.get("content")) for m in body["input"] if isinstance(m, dict))
-        rid, mid, model = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}", body["model"]
-        created = int(time.time())
-        p, c = _tokens(prompt), len(self._words())
-
-        def response(status: str, text: str | None) -> dict[str, Any]:
-            output = []
-            if text is not None:
-                part = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
-                output = [
-                    {
-                        "id": mid,
-                        "content": [part],
-                        "role": "assistant",
-                        "status": "completed",
-                        "type": "message",
-                    }
-                ]
-            return {
-                "id": rid,
-                "created_at": created,
-                "incomplete_details": None,
-                "instructions": body.get("instructions"),
-                "metadata": None,
-                "model": model,
-                "object": "response",
-                "output": output,
-                "parallel_tool_calls": True,
-                "temperature": 1.0,
-                "tool_choice": "auto",
-                "tools": [],
-                "top_p": 1.0,
-                "background": False,
-                "max_output_tokens": body.get("max_output_tokens") or 496,
-                "max_tool_calls": None,
-                "previous_response_id": None,
-                "prompt": None,
-                "reasoning": None,
-                "service_tier": "auto",
-                "status": status,
-                "text": None,
-                "top_logprobs": None,
-                "truncation": "disabled",
-                "usage": {
-                    "input_tokens": p,
-                    "input_tokens_details": {"cached_tokens": 0},
-                    "output_tokens": c if status == "completed" else 0,
-                    "output_tokens_details": {"reasoning_tokens": 0},
-                    "total_tokens": p + (c if status == "completed" else 0),
-                }
-                if status == "completed"
-                else None,
-                "user": None,
-            }
-
+        model = self._model(body)
+        given = body.get("input")
+        if isinstance(given, list):
+            prompt = " ".join(shapes.text_of(m.get("content")) for m in given if isinstance(m, dict))
+        else:
+            prompt = shapes.text_of(given)
+        limit = body.get("max_output_tokens")
         if not body.get("stream"):
-            self._json(response("completed", self.fake.reply))
+            self._json(shapes.response(body, self._generated(model, prompt, limit), self.fake.max_model_len))
             return
-        seq = iter(range(1_000_000))
-
-        def event(kind: str, **fields: Any) -> bytes:
-            return _sse({**fields, "sequence_number": next(seq), "type": kind}, event=kind)
-
-        item = {"id": mid, "content": [], "role": "assistant", "status": "in_progress", "type": "message"}
-        part = {"annotations": [], "text": "", "type": "output_text", "logprobs": None}
-        first = [
-            event("response.created", response=response("in_progress", None)),
-            event("response.in_progress", response=response("in_progress", None)),
-            event("response.output_item.added", item=item, output_index=0),
-            event("response.content_part.added", content_index=0, item_id=mid, output_index=0, part=part),
-        ]
-
-        def delta(text: str) -> bytes:
-            return event(
-                "response.output_text.delta",
-                content_index=0,
-                delta=text,
-                item_id=mid,
-                logprobs=[],
-                output_index=0,
-            )
-
-        final_part = {**part, "text": self.fake.reply}
-        done = [
-            event(
-                "response.output_text.done",
-                content_index=0,
-                item_id=mid,
-                logprobs=[],
-                output_index=0,
-                text=self.fake.reply,
-            ),
-            event(
-                "response.content_part.done", content_index=0, item_id=mid, output_index=0, part=final_part
-            ),
-            event(
-                "response.output_item.done",
-                item={**item, "content": [final_part], "status": "completed"},
-                output_index=0,
-            ),
-            event("response.completed", response=response("completed", self.fake.reply)),
-        ]
-        await self._stream(first, [delta(w) for w in self._words()], lambda i: delta(f" more{i}"), done)
+        await self._stream(
+            shapes.ResponsesStream(model, _tokens(prompt), body, self.fake.max_model_len), limit
+        )
 
     async def _embeddings(self) -> None:
         body = self._body()
-        inputs = body.get("input")
+        model = self._model(body)
+        inputs = body["input"]
         if isinstance(inputs, str):
             inputs = [inputs]
         if not isinstance(inputs, list) or not inputs:
-            raise _ApiError(400, "input: Field required")
-        fmt = body.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise _ApiError(400, "encoding_format: Input should be 'float' or 'base64'")
-        data = []
-        for i, text in enumerate(inputs):
-            vector = [round(((hash(str(text)) >> k) % 1000) / 1000.0, 3) for k in range(8)]
-            embedding: Any = vector
-            if fmt == "base64":
-                embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
-            data.append({"index": i, "object": "embedding", "embedding": embedding})
-        p = sum(_tokens(str(t)) for t in inputs)
-        self._json(
-            {
-                "id": f"embd-{uuid.uuid4().hex}",
-                "object": "list",
-                "created": int(time.time()),
-                "model": body["model"],
-                "data": data,
-                "usage": {
-                    "prompt_tokens": p,
-                    "total_tokens": p,
-                    "completion_tokens": 0,
-                    "prompt_tokens_details": None,
-                },
-            }
-        )
+            raise shapes.ApiError(400, "input: Input should be a valid string or list", param="input")
+        vectors = [[round(((hash(str(text)) >> k) % 1000) / 1000.0, 3) for k in range(8)] for text in inputs]
+        tokens = sum(_tokens(str(t)) for t in inputs)
+        self._json(shapes.embeddings(model, vectors, body.get("encoding_format") or "float", tokens))
 
     # --- Anthropic ---------------------------------------------------------------------------
 
     def _anthropic_prompt(self, body: dict[str, Any]) -> str:
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _ApiError(400, "messages: Field required")
-        return " ".join(_text_of(m.get("content")) for m in messages if isinstance(m, dict))
+        shapes.check_messages(messages)
+        return " ".join(shapes.text_of(m.get("content")) for m in messages if isinstance(m, dict))
 
     async def _messages(self) -> None:
         body = self._body()
+        model = self._model(body)
         prompt = self._anthropic_prompt(body)
-        if not isinstance(body.get("max_tokens"), int):
-            raise _ApiError(400, "max_tokens: Field required")
-        mid, model = f"msg_{uuid.uuid4().hex}", body["model"]
-        p, c = _tokens(prompt), len(self._words())
+        limit = body.get("max_tokens")
         if not body.get("stream"):
-            self._json(
-                {
-                    "id": mid,
-                    "type": "message",
-                    "role": "assistant",
-                    "content": [{"type": "text", "text": self.fake.reply}],
-                    "model": model,
-                    "stop_reason": "end_turn",
-                    "stop_sequence": None,
-                    "usage": {"input_tokens": p, "output_tokens": c},
-                }
-            )
+            self._json(shapes.message(self._generated(model, prompt, limit)))
             return
-
-        def ev(kind: str, **fields: Any) -> bytes:
-            return _sse({"type": kind, **fields}, event=kind)
-
-        def delta(text: str) -> bytes:
-            return ev("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
-
-        message = {
-            "id": mid,
-            "type": "message",
-            "role": "assistant",
-            "content": [],
-            "model": model,
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": p, "output_tokens": 0},
-        }
-        first = [
-            ev("message_start", message=message),
-            ev("content_block_start", index=0, content_block={"type": "text", "text": ""}),
-            ev("ping"),
-        ]
-        done = [
-            ev("content_block_stop", index=0),
-            ev(
-                "message_delta",
-                delta={"stop_reason": "end_turn", "stop_sequence": None},
-                usage={"input_tokens": p, "output_tokens": c},
-            ),
-            ev("message_stop"),
-        ]
-        await self._stream(first, [delta(w) for w in self._words()], lambda i: delta(f" more{i}"), done)
+        await self._stream(shapes.MessagesStream(model, _tokens(prompt)), limit)
 
     async def _count_tokens(self) -> None:
         body = self._body()
-        self._json({"input_tokens": _tokens(self._anthropic_prompt(body))})
+        self._model(body)
+        self._json(shapes.count_tokens(_tokens(self._anthropic_prompt(body))))
+
+
+class _Arrival(tornado.httputil.HTTPMessageDelegate):
+    """Passes a request on, telling the fake when its headers arrived (the connection is busy)."""
+
+    def __init__(self, inner: tornado.httputil.HTTPMessageDelegate, fake: FakeUpstream, stream: IOStream):
+        self.inner, self.fake, self.stream = inner, fake, stream
+
+    def headers_received(self, start_line: Any, headers: tornado.httputil.HTTPHeaders) -> Any:
+        self.fake._busy(self.stream)
+        return self.inner.headers_received(start_line, headers)
+
+    def data_received(self, chunk: bytes) -> Any:
+        return self.inner.data_received(chunk)
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+    def on_connection_close(self) -> None:
+        self.inner.on_connection_close()
+
+
+class _Server(tornado.httpserver.HTTPServer):
+    """Tornado's HTTP server with uvicorn's keep-alive rule and a record of how connections end.
+
+    Tornado's own `idle_connection_timeout` would also time out a fresh connection that has not
+    sent its first request, which uvicorn does not: the timer here starts when a response ends.
+    """
+
+    def initialize(self, *args: Any, fake: FakeUpstream, **kwargs: Any) -> None:  # type: ignore[override]
+        super().initialize(*args, **kwargs)
+        self.fake = fake
+
+    def start_request(self, server_conn: Any, request_conn: Any) -> tornado.httputil.HTTPMessageDelegate:
+        self.fake._connected(server_conn.stream, server_conn.context.address[1])
+        return _Arrival(super().start_request(server_conn, request_conn), self.fake, server_conn.stream)
+
+    def on_close(self, server_conn: Any) -> None:
+        super().on_close(server_conn)
+        self.fake._ended(server_conn.stream)
+
+
+@dataclass
+class _Connection:
+    """The fake's state of one connection (touched on the fake's IOLoop only)."""
+
+    peer: int
+    requests: int = 0
+    timer: Any = None  # the keep-alive timer, while idle after a response
+    timed_out: bool = False
 
 
 class FakeUpstream:
     """The fake vLLM server. `url` is its origin once started."""
 
     endless_interval = 0.05
+    max_model_len = 512
 
     def __init__(self, *, api_key: str | None = None, models: tuple[str, ...] = (MODEL,)) -> None:
         self.api_key = api_key
@@ -702,6 +468,8 @@ class FakeUpstream:
         self._lock = threading.Lock()
         self._requests: list[Received] = []
         self._closes: list[Closed] = []
+        self._ends: list[ConnectionEnd] = []
+        self._connections: dict[IOStream, _Connection] = {}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[tornado.httpserver.HTTPServer] = []
@@ -720,11 +488,14 @@ class FakeUpstream:
         self.fail: tuple[int, bytes, str] | None = None
         self.hang_up = False
         self.break_midway = False
+        self.engine_dies = False
+        self.keep_alive = shapes.KEEP_ALIVE_S
         self.extra_headers: dict[str, str] = {}
         self.reply = "Hello from the fake upstream"
         with self._lock:
             self._requests.clear()
             self._closes.clear()
+            self._ends.clear()
 
     @property
     def url(self) -> str:
@@ -740,6 +511,11 @@ class FakeUpstream:
         with self._lock:
             return list(self._closes)
 
+    @property
+    def connection_ends(self) -> list[ConnectionEnd]:
+        with self._lock:
+            return list(self._ends)
+
     def received(self, request_id: str) -> list[Received]:
         """The requests that came with this X-Request-ID (the gateway forwards its request id)."""
         return [r for r in self.requests if r.header("X-Request-ID") == request_id]
@@ -751,6 +527,45 @@ class FakeUpstream:
     def _record_close(self, closed: Closed) -> None:
         with self._lock:
             self._closes.append(closed)
+
+    # --- keep-alive (on the fake's IOLoop) ------------------------------------------------------
+
+    def _connected(self, stream: IOStream, peer: int) -> None:
+        self._connections.setdefault(stream, _Connection(peer))
+
+    def _busy(self, stream: IOStream) -> None:
+        connection = self._connections.get(stream)
+        if connection is not None:
+            connection.requests += 1
+            if connection.timer is not None:
+                connection.timer.cancel()
+                connection.timer = None
+
+    def _response_ended(self, stream: IOStream) -> None:
+        connection = self._connections.get(stream)
+        if connection is None or stream.closed():
+            return
+        assert self._loop is not None
+        connection.timer = self._loop.call_later(
+            self.keep_alive, self._keep_alive_expired, stream, connection.requests
+        )
+
+    def _keep_alive_expired(self, stream: IOStream, requests: int) -> None:
+        connection = self._connections.get(stream)
+        if connection is None or connection.requests != requests or stream.closed():
+            return  # a request came in meanwhile, or the connection is gone
+        connection.timer = None
+        connection.timed_out = True
+        stream.close()
+
+    def _ended(self, stream: IOStream) -> None:
+        connection = self._connections.pop(stream, None)
+        if connection is None:
+            return
+        if connection.timer is not None:
+            connection.timer.cancel()
+        with self._lock:
+            self._ends.append(ConnectionEnd(connection.peer, time.monotonic(), connection.timed_out))
 
     # --- life cycle --------------------------------------------------------------------------
 
@@ -783,12 +598,12 @@ class FakeUpstream:
         asyncio.run(main())
 
     def _app(self) -> tornado.web.Application:
-        return tornado.web.Application([(r"/v1/(.*)", _Handler, {"fake": self})])
+        return tornado.web.Application([(r"/.*", _Handler, {"fake": self})])
 
     def _listen(self) -> None:
         sockets = tornado.netutil.bind_sockets(self.port, "127.0.0.1")
         self.port = sockets[0].getsockname()[1]
-        server = tornado.httpserver.HTTPServer(self._app(), max_body_size=_MAX_BODY)
+        server = _Server(self._app(), fake=self, max_body_size=_MAX_BODY)
         server.add_sockets(sockets)
         self._listening = server
         self._servers.append(server)

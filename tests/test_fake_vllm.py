@@ -3,12 +3,14 @@
 The supervisor's unit tests rely on this fake, so these tests pin the behaviours that matter to it: the
 version line, a closed port while loading (connection refused, not 503), `/health` 200 once ready, OpenAI
 shapes, SIGTERM → exit 0, children in the same process group that outlive a SIGKILL of the main pid, the
-record file, and the failure knobs. Every process is started in its own session and its group is killed
-at teardown.
+record file, the failure knobs, the engine dying mid-stream and uvicorn's keep-alive. Its HTTP shapes
+are compared with the real vLLM's by tests/test_fakes_match_vllm.py. Every process is started in its own
+session and its group is killed at teardown.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -24,9 +26,11 @@ import httpx
 import pytest
 
 from tests.conftest import eventually, free_port
+from vllm_use.gateway.upstream import PooledClient
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = str(REPO / "tools" / "fake_vllm.py")
+POOL_IDLE_S = inspect.signature(PooledClient.initialize).parameters["idle_timeout"].default
 
 
 @dataclass
@@ -218,9 +222,10 @@ def test_models_and_chat_completions(
     missing = client.post(fake.url + "/v1/chat/completions", json=body | {"model": "nope"})
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"
     too_long = client.post(fake.url + "/v1/chat/completions", json=body | {"max_tokens": 10_000})
-    assert (
-        too_long.status_code == 400 and "maximum context length is 512" in too_long.json()["error"]["message"]
-    )
+    assert too_long.status_code == 400
+    assert "cannot be greater than max_model_len=512" in too_long.json()["error"]["message"]
+    cut = client.post(fake.url + "/v1/chat/completions", json=body | {"max_tokens": 512}).json()
+    assert cut["choices"][0]["finish_reason"] == "stop"  # not over max_model_len: accepted, as vLLM 0.32
     assert client.post(fake.url + "/v1/chat/completions", content=b"{").status_code == 400
     assert client.get(fake.url + "/v1/embeddings").status_code == 404
 
@@ -398,3 +403,58 @@ def test_client_disconnect_is_logged_as_an_abort(launch: Callable[..., Fake], cl
     with client.stream("POST", fake.url + "/v1/chat/completions", json=body) as r:
         next(r.iter_lines())
     eventually(lambda: "Aborted request chatcmpl-" in fake.text(), 5)
+
+
+def test_engine_death_mid_stream_is_an_in_band_error_then_exit_0(
+    launch: Callable[..., Fake], client: httpx.Client
+) -> None:
+    """FAKE_VLLM_ENGINE_DIES=2: two pieces, then what vLLM 0.32 sends when its EngineCore dies
+    (tools/vllm_shapes.py), a clean end, and the server exits 0."""
+    fake = launch(env={"FAKE_VLLM_ENGINE_DIES": "2", "FAKE_VLLM_TOKEN_SECONDS": "0"})
+    fake.wait_ready()
+    body = {"model": fake.model, "messages": [{"role": "user", "content": "w " * 20}], "stream": True}
+    with client.stream("POST", fake.url + "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        events = [line for line in r.iter_lines() if line]
+    assert [json.loads(e.removeprefix("data: "))["choices"][0]["delta"] for e in events[:3]] == [
+        {"role": "assistant", "content": ""},
+        {"content": "Echo: "},
+        {"content": "w "},
+    ]
+    assert json.loads(events[3].removeprefix("data: ")) == {
+        "error": {
+            "message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+            "type": "InternalServerError",
+            "param": None,
+            "code": 500,
+        }
+    }
+    assert events[4:] == ["data: [DONE]"]
+    assert fake.proc.wait(5) == 0
+    assert fake.rec()["exit_reason"] == "engine_died"
+    assert "Finished server process" in fake.text()
+
+
+def test_an_idle_connection_is_closed_after_a_response_a_fresh_one_is_not(
+    launch: Callable[..., Fake],
+) -> None:
+    """uvicorn's keep-alive (measured on vLLM by tests/test_fakes_match_vllm.py): closed 5 s after the
+    last response; a connection that has not asked anything yet is left open."""
+    fake = launch()
+    fake.wait_ready()
+    fresh = socket.create_connection(("127.0.0.1", fake.port), timeout=10)
+    used = socket.create_connection(("127.0.0.1", fake.port), timeout=10)
+    sent = time.monotonic()  # the answer, and the idle time, come after: noise only makes it later
+    used.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:  # /health: a head and an empty body
+        answer += used.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    used.settimeout(30)
+    assert used.recv(1) == b""  # EOF: the server closed it
+    assert time.monotonic() - sent >= POOL_IDLE_S  # not before the gateway's pool lets go of it
+    fresh.setblocking(False)
+    with pytest.raises(BlockingIOError):  # still open, nothing to read
+        fresh.recv(1)
+    fresh.close()
+    used.close()

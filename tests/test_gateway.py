@@ -252,9 +252,9 @@ def test_async_openai_sdk_covers_every_openai_endpoint(
                 "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
                 == upstream.reply
             )
-            completion = await client.completions.create(model="tiny", prompt="hi", max_tokens=4)
+            completion = await client.completions.create(model="tiny", prompt="hi", max_tokens=8)
             assert completion.choices[0].text == upstream.reply
-            stream = await client.completions.create(model="tiny", prompt="hi", max_tokens=4, stream=True)
+            stream = await client.completions.create(model="tiny", prompt="hi", max_tokens=8, stream=True)
             assert "".join([c.choices[0].text async for c in stream]) == upstream.reply
             response = await client.responses.create(model="tiny", input="hi")
             assert response.output_text == upstream.reply
@@ -384,6 +384,7 @@ def test_claims_about_the_client_address_are_not_forwarded(
         ("X-Forwarded-Proto", "https"),
     ]
     headers = [("Authorization", f"Bearer {key[1]}"), ("X-Request-ID", "claims"), *claims]
+    headers.append(("Content-Type", "application/json"))  # vLLM answers 400 to a body without it
     status, _, body = raw_request(gw, "POST", "/v1/chat/completions", headers, json.dumps(CHAT).encode())
     assert status == 200, body
     (received,) = upstream.received("claims")
@@ -611,7 +612,9 @@ def test_a_body_of_exactly_16_mib_reaches_the_upstream(
         r = post(gw, "/v1/chat/completions", key[1], headers=headers, content=body)
     else:
         r = post(gw, "/v1/chat/completions", key[1], headers=headers, content=_chunked(body))
-    assert r.status_code == 200, r.text[:500]
+    # vLLM refuses a body that is not `application/json` (400) once it has it all: what counts here
+    # is that all of it reached the upstream.
+    assert r.status_code == (200 if transfer == "content-length" else 400), r.text[:500]
     (received,) = upstream.received("big-ok")
     assert len(received.body) == LIMIT
     assert received.body == body.replace(b'"model":"fast"', b'"model":"tiny"')
@@ -770,12 +773,123 @@ def test_upstream_breaking_mid_stream_is_not_passed_off_as_a_complete_stream(
     assert post(gw, "/v1/chat/completions", key[1], CHAT).status_code == 200  # the gateway is fine
 
 
+UPSTREAM_LOST = {
+    "error": {
+        "message": "upstream connection lost",
+        "type": "api_error",
+        "param": None,
+        "code": "upstream_unavailable",
+    }
+}
+ANTHROPIC_UPSTREAM_LOST = {
+    "type": "error",
+    "error": {"type": "api_error", "message": "upstream connection lost"},
+}
+
+
+def stream_raw(gw: Server, secret: str, path: str) -> tuple[int, bytes, bool]:
+    """Status, the bytes of the body, and whether it ended as framed (False: the connection was cut)."""
+    received = b""
+    with gw.client.stream(
+        "POST", gw.base_url + path, json=STREAMS[path], headers={"Authorization": f"Bearer {secret}"}
+    ) as r:
+        try:
+            for chunk in r.iter_raw():
+                received += chunk
+        except httpx.RemoteProtocolError:
+            return r.status_code, received, False
+    return r.status_code, received, True
+
+
+def last_event(received: bytes) -> tuple[str | None, Any]:
+    block = [b for b in received.decode().split("\n\n") if b.strip()][-1]
+    lines = block.split("\n")
+    name = next((line[7:] for line in lines if line.startswith("event: ")), None)
+    data = "".join(line[6:] for line in lines if line.startswith("data: "))
+    return name, data if data == "[DONE]" else json.loads(data)
+
+
+@pytest.mark.parametrize("path", list(STREAMS))
+def test_a_stream_the_upstream_cuts_ends_with_an_error_event_and_no_clean_end(
+    gw: Server, key: tuple[str, str], upstream: FakeUpstream, path: str
+) -> None:
+    upstream.break_midway = True
+    status, received, clean = stream_raw(gw, key[1], path)
+    assert status == 200 and not clean
+    if path == "/v1/messages":
+        assert last_event(received) == ("error", ANTHROPIC_UPSTREAM_LOST)
+    else:
+        assert last_event(received) == (None, UPSTREAM_LOST)
+    for clean_end in (b"[DONE]", b"message_stop", b"response.completed"):
+        assert clean_end not in received
+    assert upstream.url.removeprefix("http://").encode() not in received
+
+
+def test_the_sdks_raise_the_error_of_a_stream_the_upstream_cut(
+    gw: Server, key: tuple[str, str], upstream: FakeUpstream
+) -> None:
+    upstream.break_midway = True
+    with pytest.raises(openai.APIError, match="upstream connection lost"):
+        for _ in openai_client(gw, key[1]).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+        ):
+            pass
+    http = anthropic_httpx.Client(trust_env=False, timeout=30)
+    client = anthropic.Anthropic(base_url=gw.base_url, http_client=http, max_retries=0, api_key=key[1])
+    with pytest.raises(anthropic.APIError, match="upstream connection lost"):
+        for _ in client.messages.create(**MESSAGE, stream=True):
+            pass
+
+
+@pytest.mark.parametrize("path", list(STREAMS))
+def test_an_engine_death_mid_stream_reaches_the_client_as_vllm_tells_it(
+    gw: Server, key: tuple[str, str], upstream: FakeUpstream, path: str
+) -> None:
+    """vLLM answers its engine's death in-band and ends the stream cleanly, except on /v1/responses,
+    which it cuts (tools/vllm_shapes.py): relayed as is, and the cut one ends with our error event."""
+    upstream.engine_dies = True
+    status, received, clean = stream_raw(gw, key[1], path)
+    assert status == 200
+    name, data = last_event(received)
+    if path == "/v1/responses":
+        assert (name, data, clean) == (None, UPSTREAM_LOST, False)
+    elif path == "/v1/messages":
+        assert (name, data["type"], data["error"]["type"], clean) == (
+            "error",
+            "error",
+            "internal_error",
+            True,
+        )
+    else:
+        assert (data, clean) == ("[DONE]", True)
+        assert b'"type": "InternalServerError"' in received
+
+
 def test_an_unknown_model_is_the_upstream_404(
     gw: Server, key: tuple[str, str], upstream: FakeUpstream
 ) -> None:
     r = post(gw, "/v1/chat/completions", key[1], {**CHAT, "model": "nope"})
     assert r.status_code == 404
-    assert r.json()["error"]["message"] == "The model `nope` does not exist."
+    assert r.json()["error"]["message"] == "The model `nope` does not exist. Valid aliases: tiny."
+
+
+def test_a_request_without_a_model_is_answered_by_the_upstreams_default_model(
+    gw: Server, key: tuple[str, str], upstream: FakeUpstream
+) -> None:
+    """vLLM 0.32 serves its first model name when a request names none (tests/test_fakes_match_vllm.py)."""
+    r = post(
+        gw,
+        "/v1/chat/completions",
+        key[1],
+        {"messages": CHAT["messages"]},
+        headers={"X-Request-ID": "no-model"},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "tiny"
+    (received,) = upstream.received("no-model")
+    assert "model" not in received.json()  # the gateway names no model of its own
+    (record,) = eventually(lambda: audit_of(gw, "no-model"), timeout=5)
+    assert record["model"] is None and record["status"] == 200
 
 
 # --- response headers -----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from tests.vllm_fixtures import (  # noqa: F401 - fixtures
     RealVllm,
     fixture_real_vllm,
     fixture_tiny_models,
+    settle,
     vllm_child_env,
 )
 
@@ -60,12 +61,9 @@ def gateway(
         model = server.fetch("/api/models/local", "POST", json={"name": "tiny", "path": "tiny"}).json()[
             "model"
         ]
-        r = server.client.post(  # answers once vLLM is healthy: 20-60 s, more on a busy machine
-            server.base_url + "/api/runtime/switch",
-            json={"model_id": model["id"], "options": OPTIONS},
-            headers={"Authorization": f"Bearer {server.admin_token}"},
-            timeout=OPTIONS["start_timeout_s"] + 30,
-        )
+        # ?wait=: answers once vLLM is healthy (20-60 s, more on a busy machine) or failed.
+        body = {"model_id": model["id"], "options": OPTIONS}
+        r = settle(server, "/api/runtime/switch", body, start_timeout_s=OPTIONS["start_timeout_s"])
         assert r.status_code == 200, r.text
         yield server, server.create_key("inference")[1]
     finally:

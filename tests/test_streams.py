@@ -359,6 +359,33 @@ def test_attached_generations_survive_their_clients_hanging_up_mid_stream(
             assert tail.endswith(b"data: [DONE]\n\n"), (conv, tail)  # generated to its end
 
 
+def test_an_attached_stream_the_upstream_cuts_keeps_the_error_event_for_its_replay(
+    fake: Server, upstream: FakeUpstream
+) -> None:
+    """The owner left after the first chunk; the upstream then breaks mid-stream. The session must
+    end with the same error event a connected client gets, so a replay never looks complete."""
+    _, key = fake.create_key("inference")
+    upstream.reply = " ".join(["word"] * 200)
+    upstream.break_midway = True
+    url = fake.base_url + "/v1/chat/completions"
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        with client.stream("POST", url, headers=auth(key, "cut"), json=chat()) as r:
+            assert r.status_code == 200
+            next(r.iter_raw())  # the first chunk, then the owner leaves
+
+        def state() -> dict[str, Any]:
+            lookup = client.post(
+                fake.base_url + "/v1/streams/lookup", headers=auth(key), json={"conversation_ids": ["cut"]}
+            )
+            return lookup.json()["sessions"][0]
+
+        eventually(lambda: state()["is_done"], timeout=30)
+        replay = client.get(fake.base_url + "/v1/stream?conv_id=cut&from=0", headers=auth(key)).content
+    events = [e for e in replay.split(b"\n\n") if e]
+    assert b"upstream connection lost" in events[-1], events[-3:]
+    assert b"[DONE]" not in replay
+
+
 def test_a_key_over_its_live_cap_is_429_and_nothing_more_reaches_the_upstream(
     fake: Server, upstream: FakeUpstream
 ) -> None:

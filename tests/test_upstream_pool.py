@@ -9,6 +9,7 @@ rules are checked in tests/test_gateway.py (keep-alive reuse, a cancelled connec
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import json
 import socket
@@ -114,6 +115,43 @@ def test_idle_connections_are_closed_after_the_idle_timeout(upstream: FakeUpstre
         assert client.opened == 2
 
     run_with_client(body, idle_timeout=0.2)
+
+
+def test_a_request_just_inside_the_idle_limit_reaches_the_upstream_exactly_once(
+    upstream: FakeUpstream,
+) -> None:
+    """Near the edge, at the pool's real limit (4 s) against the fake's uvicorn keep-alive (5 s,
+    measured on vLLM by tests/test_fakes_match_vllm.py): reused or not, depending on how late the
+    second request leaves on a busy machine, it is answered and reaches the upstream once."""
+    idle_timeout = inspect.signature(PooledClient.initialize).parameters["idle_timeout"].default
+
+    async def body(client: PooledClient) -> None:
+        assert (await client.fetch(chat(upstream.url))).code == 200
+        await asyncio.sleep(idle_timeout - 0.5)
+        assert (await client.fetch(chat(upstream.url))).code == 200
+
+    run_with_client(body)
+    assert len(upstream.requests) == 2  # neither lost to the upstream's close nor sent twice
+
+
+def test_an_idle_connection_the_upstream_closed_is_replaced_not_reused(upstream: FakeUpstream) -> None:
+    """A pool that kept connections longer than the upstream (here 60 s against uvicorn's 5 s) finds
+    the closed one before use (MSG_PEEK sees the FIN) and sends the request once, on a new one."""
+
+    async def body(client: PooledClient) -> None:
+        assert (await client.fetch(chat(upstream.url))).code == 200
+        first = upstream.requests[0].peer
+        deadline = time.monotonic() + upstream.keep_alive + 10
+        while not any(end.peer == first and end.by_keep_alive for end in upstream.connection_ends):
+            assert time.monotonic() < deadline, "the upstream never closed the idle connection"
+            await asyncio.sleep(0.05)
+        assert client.idle_count() == 1  # still pooled, closed on the other side
+        assert (await client.fetch(chat(upstream.url))).code == 200
+        assert client.opened == 2
+
+    run_with_client(body, idle_timeout=60)
+    first, second = upstream.requests
+    assert first.peer != second.peer
 
 
 def test_at_most_max_idle_connections_are_kept(upstream: FakeUpstream) -> None:

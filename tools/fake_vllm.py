@@ -7,8 +7,17 @@ It mimics what the real vLLM 0.32 (CPU build) does, as measured in `shared/notes
 - `vllm serve MODEL [flags]` parses the serve flags (unknown `--flag [value…]` are recorded, not rejected,
   unless FAKE_VLLM_STRICT=1), binds the port at once but does NOT listen while "loading" (connections are
   refused, exactly like the real one), then listens and serves `GET /health` (200, empty body),
-  `GET /version`, `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completions` (non-stream and
-  SSE stream, OpenAI shapes, a deterministic echo of the prompt).
+  `GET /version`, `GET /v1/models`, `POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`,
+  `/v1/messages` and `/v1/messages/count_tokens` (plain and streamed). The generated text is a
+  deterministic echo, `Echo: <the last user message>`, one piece (token) per word, cut to `max_tokens`
+  and to the room the prompt leaves in `--max-model-len` (finish reason `length`); a prompt counts a
+  token per word, plus 3 per message (1 for a completion's prompt). Every body, SSE event and error is vLLM 0.32's, from
+  `tools/vllm_shapes.py` (shared with tests/fakeupstream.py; both compared with the real one by
+  tests/test_fakes_match_vllm.py): a request without `model` is served by the first served name, an
+  unknown one is 404 ``The model `x` does not exist. Valid aliases: …``, a body that is not
+  `application/json`, not JSON or not an object is 400, an unknown path 404, a wrong method 405.
+- Like uvicorn, a keep-alive connection is closed 5 s after its last response (a fresh one that has
+  not sent a request yet is not timed out).
 - Log lines look like vLLM's: `(APIServer pid=N) INFO MM-DD HH:MM:SS [file.py:NN] …` on stdout, uvicorn's
   `INFO:     …` lines on stderr, the access log on stdout; `Uvicorn running on http://HOST:PORT` is printed
   once the socket is listening.
@@ -18,8 +27,9 @@ It mimics what the real vLLM 0.32 (CPU build) does, as measured in `shared/notes
   `--gpu-memory-utilization` outside (0, 1], or `--enable-auto-tool-choice` without
   `--tool-call-parser`: exit 1 (as the real one). A bad `--dtype` choice or a non-integer int flag:
   argparse error, exit 2.
-- `--api-key K` (or env VLLM_API_KEY) makes `/v1/*` answer 401 `{"error": "Unauthorized"}` without
-  `Authorization: Bearer K`, like the real one.
+- `--api-key K` (or env VLLM_API_KEY) makes every path under `/v1` (routed or not) answer 401
+  `{"error": "Unauthorized"}` unless the first `Authorization` header is `Bearer K` (the scheme in any
+  case), like the real one; `/health` and `/version` stay open.
 
 Behaviour knobs (environment variables; all optional). vllm-use gives its children an allow-listed
 environment without them, so tests set them in a wrapper script (`fake_vllm_bin` in tests/vllm_fixtures.py):
@@ -57,6 +67,10 @@ environment without them, so tests set them in a wrapper script (`fake_vllm_bin`
   FAKE_VLLM_FAIL_ON_START=<c>   Halfway through loading: print EngineCore failure lines to stderr (the last
                                 one `RuntimeError: Engine core initialization failed. …`) and exit <c>.
   FAKE_VLLM_TOKEN_SECONDS=0.002 Delay between streamed SSE chunks (raise it to test disconnects/relays).
+  FAKE_VLLM_ENGINE_DIES=<n>     The engine dies once it has streamed n pieces in all (plain answers do
+                                not count): the streams under way end as vLLM's do when its EngineCore
+                                is killed (an in-band error event and a clean end; /v1/responses is cut),
+                                then the server logs uvicorn's shutdown and exits 0, as the real one.
   FAKE_VLLM_OFFLINE=1           A hub id (e.g. `org/name`, not a local path) fails like the real one
                                 without network: after the load time, error on stderr, exit 1. Default:
                                 hub ids "load" like local paths.
@@ -79,15 +93,20 @@ import ctypes
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+# The shapes live next to this file, which runs as a bare executable (sys.path[0] is its directory,
+# unless PYTHONSAFEPATH says otherwise).
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+import vllm_shapes as shapes
 
 VERSION = os.environ.get("FAKE_VLLM_VERSION") or "0.32.0+fake"
 CHILD_MARK = "__fake_vllm_child__"
@@ -293,20 +312,6 @@ def words(text: str) -> list[str]:
     return re.findall(r"\S+\s*", text)
 
 
-def message_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
-
-
-class ApiError(Exception):
-    def __init__(self, code: int, message: str, kind: str = "BadRequestError", param: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.kind, self.param = code, message, kind, param
-
-
 class FakeServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -328,6 +333,8 @@ class FakeServer(ThreadingHTTPServer):
 
 
 class Handler(BaseHTTPRequestHandler):
+    """One connection: requests in turn, with uvicorn's keep-alive rule (`handle`)."""
+
     protocol_version = "HTTP/1.1"
     server: FakeServer
 
@@ -347,6 +354,21 @@ class Handler(BaseHTTPRequestHandler):
             host, port = self.client_address[:2]
             out(uvlog(f'{host}:{port} - "{self.command} {self.path} {self.request_version}" {phrase}'))
 
+    def handle(self) -> None:
+        """uvicorn closes a connection KEEP_ALIVE_S after its last response; a fresh one waits for
+        its first request as long as it takes. (A pipelined request already buffered in `rfile`
+        is not seen by select: nothing here pipelines.)"""
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection:
+            try:
+                readable, _, _ = select.select([self.connection], [], [], shapes.KEEP_ALIVE_S)
+            except (OSError, ValueError):
+                return
+            if not readable:
+                return  # idle too long: the server closes it
+            self.handle_one_request()
+
     # -- plumbing
 
     def _read_body(self) -> bytes:
@@ -363,40 +385,35 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length > 0 else b""
 
-    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+    def _send(self, code: int, body: bytes, ctype: str = "application/json", **headers: str) -> None:
         self.send_response(code)
         if body or code != 200 or ctype != "application/json":
             self.send_header("content-type", ctype)
+        for name, value in headers.items():
+            self.send_header(name, value)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
 
     def _json(self, code: int, obj: Any) -> None:
-        self._send(code, json.dumps(obj, separators=(",", ":")).encode())
-
-    def _error(self, e: ApiError) -> None:
-        self._json(
-            e.code, {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}}
-        )
+        self._send(code, shapes.json_bytes(obj))
 
     def _dispatch(self) -> None:
+        app = self.server.app
         path = self.path.split("?", 1)[0]
-        routes = self.server.app.routes
-        if path not in routes:
-            self._json(404, {"detail": "Not Found"})
-            return
-        handler = routes[path].get(self.command)
-        if handler is None:
-            self._json(405, {"detail": "Method Not Allowed"})
-            return
-        if path.startswith("/v1") and not self.server.app.authorized(self.headers.get("Authorization")):
-            self._json(401, {"error": "Unauthorized"})
-            return
+        # Read first, whatever the answer: a body left unread would be taken for the next request.
+        self.body = self._read_body()
         try:
-            handler(self)
-        except ApiError as e:
-            self._error(e)
+            if not shapes.authorized(path, self.headers.get("Authorization"), app.api_key):
+                self._json(401, shapes.UNAUTHORIZED)
+                return
+            shapes.check_route(path, self.command, ROUTES)
+            routes = ROUTES[path]
+            routes.get(self.command, routes.get("GET"))(self)
+        except shapes.ApiError as e:
+            headers = {"allow": e.allow} if isinstance(e, shapes.DetailError) and e.allow else {}
+            self._send(e.status, shapes.json_bytes(e.body(path)), **headers)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _dispatch
 
@@ -410,240 +427,150 @@ class Handler(BaseHTTPRequestHandler):
 
     def models(self) -> None:
         app = self.server.app
-        now = int(time.time())
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": now,
-                "owned_by": "vllm",
-                "root": app.model,
-                "parent": None,
-                "max_model_len": app.max_model_len,
-                "permission": [
-                    {
-                        "id": f"modelperm-{uuid.uuid4().hex}",
-                        "object": "model_permission",
-                        "created": now,
-                        "allow_create_engine": False,
-                        "allow_sampling": True,
-                        "allow_logprobs": True,
-                        "allow_search_indices": False,
-                        "allow_view": True,
-                        "allow_fine_tuning": False,
-                        "organization": "*",
-                        "group": None,
-                        "is_blocking": False,
-                    }
-                ],
-            }
-            for name in app.served_names
-        ]
-        self._json(200, {"object": "list", "data": data})
+        self._json(200, shapes.models(app.served_names, app.model, app.max_model_len))
 
-    def _request_json(self) -> dict[str, Any]:
-        raw = self._read_body()
-        try:
-            body = json.loads(raw or b"null")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"JSON decode error: {e}") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "Input should be a valid dictionary or object to extract fields from")
-        return body
+    def _request(self) -> dict[str, Any]:
+        path = self.path.split("?", 1)[0]
+        return shapes.parse_body(path, self.headers.get("Content-Type"), self.body)
 
     def _plan(
-        self, body: dict[str, Any], prompt_text: str, n_prompt: int
-    ) -> tuple[str, list[str], str, dict]:
+        self, body: dict[str, Any], prompt: str, n_prompt: int, limit: Any
+    ) -> tuple[str, list[str], str]:
+        """(model, pieces, finish reason): the echo of the prompt, cut to `limit` and to the room the
+        prompt leaves in the context (finish reason `length`)."""
         app = self.server.app
-        model = body.get("model")
-        if model is None:
-            model = app.served_names[0]
-        if model not in app.served_names:
-            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise ApiError(400, f"max_tokens must be at least 1, got {limit!r}.")
-        room = app.max_model_len - n_prompt
-        if limit is not None and limit > room:
-            raise ApiError(
-                400,
-                f"'max_tokens' or 'max_completion_tokens' is too large: {limit}. This model's maximum "
-                f"context length is {app.max_model_len} tokens and your request has {n_prompt} input "
-                f"tokens ({limit} > {app.max_model_len} - {n_prompt}).",
-            )
-        tokens = words("Echo: " + prompt_text)[: max(room, 0)]
-        finish = "stop"
-        if limit is not None and len(tokens) > limit:
-            tokens, finish = tokens[:limit], "length"
-        usage = {
-            "prompt_tokens": n_prompt,
-            "total_tokens": n_prompt + len(tokens),
-            "completion_tokens": len(tokens),
-        }
-        return model, tokens, finish, usage
+        model = shapes.served_model(body, app.served_names)
+        shapes.check_max_tokens(limit, app.max_model_len)
+        if app.engine_dead.is_set():
+            raise shapes.ApiError(500, shapes.ENGINE_DEAD, "InternalServerError")  # not measured: it exits
+        room = max(app.max_model_len - n_prompt, 0)
+        pieces = words("Echo: " + prompt)
+        cap = room if limit is None else min(limit, room)
+        if len(pieces) > cap:
+            return model, pieces[:cap], "length"
+        return model, pieces, "stop"
+
+    def _answer(
+        self,
+        body: dict[str, Any],
+        plan: tuple[str, list[str], str],
+        n_prompt: int,
+        shape: Any,
+        stream: shapes.Stream,
+    ) -> None:
+        model, pieces, finish = plan
+        if body.get("stream"):
+            self._stream(stream, pieces, finish)
+            return
+        self._json(200, shape(shapes.Generated(model, "".join(pieces), n_prompt, len(pieces), finish)))
 
     def chat(self) -> None:
-        body = self._request_json()
+        body = self._request()
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise ApiError(400, "messages: Field required (a non-empty list of message objects)")
-        last_user = ""
-        n_prompt = 0
+        shapes.check_messages(messages)
+        last_user, n_prompt = "", 0
         for m in messages:
-            text = message_text(m.get("content"))
+            text = shapes.text_of(m.get("content")) if isinstance(m, dict) else ""
             n_prompt += len(words(text)) + 3
-            if m.get("role") == "user":
+            if isinstance(m, dict) and m.get("role") == "user":
                 last_user = text
-        model, tokens, finish, usage = self._plan(body, last_user.strip(), n_prompt)
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if not body.get("stream"):
-            self._json(
-                200,
-                {
-                    "id": rid,
-                    "object": "chat.completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {
-                                "role": "assistant",
-                                "content": "".join(tokens),
-                                "refusal": None,
-                                "annotations": None,
-                                "audio": None,
-                                "function_call": None,
-                                "tool_calls": [],
-                                "reasoning_content": None,
-                            },
-                            "logprobs": None,
-                            "finish_reason": finish,
-                            "stop_reason": None,
-                        }
-                    ],
-                    "service_tier": None,
-                    "system_fingerprint": None,
-                    "usage": {**usage, "prompt_tokens_details": None},
-                    "prompt_logprobs": None,
-                    "kv_transfer_params": None,
-                },
-            )
-            return
-        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-        chunks = [
-            {
-                **head,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
-        ]
-        for i, tok in enumerate(tokens):
-            last = i == len(tokens) - 1
-            choice = {
-                "index": 0,
-                "delta": {"content": tok},
-                "logprobs": None,
-                "finish_reason": finish if last else None,
-            }
-            if last:
-                choice["stop_reason"] = None
-            chunks.append({**head, "choices": [choice]})
-        if not tokens:
-            chunks.append(
-                {
-                    **head,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "delta": {},
-                            "logprobs": None,
-                            "finish_reason": finish,
-                            "stop_reason": None,
-                        }
-                    ],
-                }
-            )
-        self._stream(rid, chunks, body, head, usage)
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        plan = self._plan(body, last_user.strip(), n_prompt, limit)
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self._answer(
+            body, plan, n_prompt, shapes.chat_completion, shapes.ChatStream(plan[0], n_prompt, usage)
+        )
 
     def completions(self) -> None:
-        body = self._request_json()
+        body = self._request()
         prompt = body.get("prompt")
-        if isinstance(prompt, list):
-            prompt = " ".join(str(p) for p in prompt)
-        if not isinstance(prompt, str):
-            raise ApiError(400, "prompt: Field required (a string or a list of strings)")
-        model, tokens, finish, usage = self._plan(body, prompt.strip(), len(words(prompt)) + 1)
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        head = {"id": rid, "object": "text_completion", "created": created, "model": model}
-        if not body.get("stream"):
-            choice = {
-                "index": 0,
-                "text": "".join(tokens),
-                "logprobs": None,
-                "finish_reason": finish,
-                "stop_reason": None,
-                "prompt_logprobs": None,
-            }
-            self._json(
-                200,
-                {
-                    **head,
-                    "choices": [choice],
-                    "service_tier": None,
-                    "system_fingerprint": None,
-                    "usage": usage,
-                    "kv_transfer_params": None,
-                },
-            )
-            return
-        chunks = []
-        for i, tok in enumerate(tokens or [""]):
-            last = i == max(len(tokens), 1) - 1
-            chunks.append(
-                {
-                    **head,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "text": tok,
-                            "logprobs": None,
-                            "finish_reason": finish if last else None,
-                            "stop_reason": None,
-                        }
-                    ],
-                }
-            )
-        self._stream(rid, chunks, body, head, usage)
+        shapes.check_prompt(prompt)
+        text = prompt if isinstance(prompt, str) else " ".join(str(p) for p in prompt)
+        n_prompt = len(words(text)) + 1
+        plan = self._plan(body, text.strip(), n_prompt, body.get("max_tokens"))
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self._answer(
+            body, plan, n_prompt, shapes.completion, shapes.CompletionStream(plan[0], n_prompt, usage)
+        )
 
-    def _stream(self, rid: str, chunks: list[dict], body: dict, head: dict, usage: dict) -> None:
-        opts = body.get("stream_options")
-        if isinstance(opts, dict) and opts.get("include_usage"):
-            chunks.append({**head, "choices": [], "usage": usage})
+    def responses_api(self) -> None:  # not `responses`: the status phrases of the base class
+        body = self._request()
+        given = body.get("input")
+        if isinstance(given, list):
+            text = " ".join(shapes.text_of(m.get("content")) for m in given if isinstance(m, dict))
+        else:
+            text = shapes.text_of(given)
+        n_prompt = len(words(text)) + 3
+        plan = self._plan(body, text.strip(), n_prompt, body.get("max_output_tokens"))
+        max_len = self.server.app.max_model_len
+        stream = shapes.ResponsesStream(plan[0], n_prompt, body, max_len)
+        self._answer(body, plan, n_prompt, lambda g: shapes.response(body, g, max_len), stream)
+
+    def _anthropic_prompt(self, body: dict[str, Any]) -> tuple[str, int]:
+        messages = body.get("messages")
+        shapes.check_messages(messages)
+        texts = [shapes.text_of(m.get("content")) for m in messages if isinstance(m, dict)]
+        return (texts[-1] if texts else ""), sum(len(words(t)) + 3 for t in texts)
+
+    def messages(self) -> None:
+        body = self._request()
+        text, n_prompt = self._anthropic_prompt(body)
+        plan = self._plan(body, text.strip(), n_prompt, body.get("max_tokens"))
+        self._answer(body, plan, n_prompt, shapes.message, shapes.MessagesStream(plan[0], n_prompt))
+
+    def count_tokens(self) -> None:
+        body = self._request()
+        shapes.served_model(body, self.server.app.served_names)
+        self._json(200, shapes.count_tokens(self._anthropic_prompt(body)[1]))
+
+    def _stream(self, stream: shapes.Stream, pieces: list[str], finish: str) -> None:
+        """Write the events as chunks, FAKE_VLLM_TOKEN_SECONDS apart; the engine may die meanwhile
+        (FAKE_VLLM_ENGINE_DIES)."""
+        app = self.server.app
         self.send_response(200)
-        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("content-type", shapes.SSE_CONTENT_TYPE)
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
-        delay = self.server.app.token_seconds
-        events = [b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n" for c in chunks]
-        events.append(b"data: [DONE]\n\n")
+        rid = getattr(stream, "id", "request")
+        last = pieces.pop() if pieces else ""
+        app.streaming(+1)
         try:
-            for i, ev in enumerate(events):
-                if i and delay > 0:
-                    time.sleep(delay)
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
-                self.wfile.flush()
+            self._chunk(stream.start())
+            for i, piece in enumerate(pieces):
+                if i and app.token_seconds > 0:
+                    time.sleep(app.token_seconds)
+                if app.generated_one():
+                    self._chunk([stream.piece(piece)])
+                else:
+                    self._engine_died(stream)
+                    return
+            if app.token_seconds > 0 and pieces:
+                time.sleep(app.token_seconds)
+            if not app.generated_one():
+                self._engine_died(stream)
+                return
+            self._chunk(stream.end(last, finish))
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
             out(vlog("INFO", "async_llm.py:437", f"Aborted request {rid}."))
+        finally:
+            app.streaming(-1)
+
+    def _chunk(self, events: list[bytes]) -> None:
+        for event in events:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.flush()
+
+    def _engine_died(self, stream: shapes.Stream) -> None:
+        """What the real one sends when EngineCore dies under a stream; the server then exits."""
+        events, clean = stream.engine_died()
+        self._chunk(events)
+        if clean:
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        self.close_connection = True  # not clean: cut, without the last chunk
 
 
 ROUTES: dict[str, dict[str, Any]] = {
@@ -652,6 +579,9 @@ ROUTES: dict[str, dict[str, Any]] = {
     "/v1/models": {"GET": Handler.models},
     "/v1/chat/completions": {"POST": Handler.chat},
     "/v1/completions": {"POST": Handler.completions},
+    "/v1/responses": {"POST": Handler.responses_api},
+    "/v1/messages": {"POST": Handler.messages},
+    "/v1/messages/count_tokens": {"POST": Handler.count_tokens},
 }
 
 
@@ -670,11 +600,35 @@ class App:
         mode = os.environ.get("FAKE_VLLM_NEVER_HEALTHY", "").strip().lower()
         self.never_listen = mode == "closed"
         self.never_healthy = mode in ("1", "503", "true", "yes")
-        self.routes = ROUTES
         self.children: list[subprocess.Popen[bytes]] = []
         self.child_info: list[dict[str, Any]] = []
         self.server: FakeServer | None = None
         self.signals: list[int] = []
+        raw = os.environ.get("FAKE_VLLM_ENGINE_DIES", "").strip()
+        self.engine_dies_after = int(raw) if raw.isdigit() else None
+        self.engine_dead = threading.Event()
+        self.generated = 0
+        self._streams = 0
+        self._engine_lock = threading.Lock()
+
+    def generated_one(self) -> bool:
+        """One more streamed piece from the engine, or False: it died (FAKE_VLLM_ENGINE_DIES)."""
+        with self._engine_lock:
+            if self.engine_dead.is_set():
+                return False
+            if self.engine_dies_after is not None and self.generated >= self.engine_dies_after:
+                self.engine_dead.set()
+                return False
+            self.generated += 1
+            return True
+
+    def streaming(self, delta: int) -> None:
+        with self._engine_lock:
+            self._streams += delta
+
+    def active_streams(self) -> int:
+        with self._engine_lock:
+            return self._streams
 
     def _max_len(self) -> int:
         if self.args.max_model_len is not None and self.args.max_model_len > 0:
@@ -687,11 +641,6 @@ class App:
             if isinstance(value, int) and value > 0:
                 return value
         return 2048
-
-    def authorized(self, header: str | None) -> bool:
-        if not self.api_key:
-            return True
-        return header == f"Bearer {self.api_key}"
 
 
 def child_main(name: str, tag: str, ready_fd: int) -> None:
@@ -840,12 +789,41 @@ def serve_main(argv: list[str]) -> None:
                 finish(app, rec, exit_code, "exit_after", children=not orphans)
             if lifetime > 0 and now - STARTED >= lifetime:
                 finish(app, rec, 0, "max_lifetime")
+            if app.engine_dead.is_set():
+                engine_died()
             if until is not None and now >= until:
                 return
             step = 0.01
             if until is not None:
                 step = min(step, max(until - now, 0.0))
             time.sleep(step)
+
+    def engine_died() -> None:
+        """FAKE_VLLM_ENGINE_DIES: the streams under way say so in-band, then the server shuts
+        down and exits 0, as the real one does when its EngineCore dies."""
+        err(
+            vlog(
+                "WARNING",
+                "core_client.py:817",
+                "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+            )
+        )
+        err(vlog("ERROR", "async_llm.py:906", "AsyncLLM output_handler failed."))
+        err(
+            vlog(
+                "ERROR",
+                "async_llm.py:906",
+                f"vllm.v1.engine.exceptions.EngineDeadError: {shapes.ENGINE_DEAD}",
+            )
+        )
+        deadline = time.monotonic() + 2.0
+        while app.active_streams() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        err(uvlog("Shutting down"))
+        err(uvlog("Waiting for application shutdown."))
+        err(uvlog("Application shutdown complete."))
+        err(uvlog(f"Finished server process [{os.getpid()}]"))
+        finish(app, rec, 0, "engine_died")
 
     # What the real one checks before run_server.
     if args.enable_auto_tool_choice and not args.tool_call_parser:
