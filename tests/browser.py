@@ -6,11 +6,15 @@ exceptions, failed requests, and HTTP errors from our server, except those a tes
 provokes on purpose (`page.expect_http_error(400)` before typing a bad value). `assert_clean()`
 fails the test with the list.
 
-`screenshot(page, name)` writes `docs/screenshots/<name>.png`, the pictures the README shows.
+`screenshot(page, name)` writes `<name>.png` into `$SCREENSHOTS_DIR`: `make screenshots` sets it
+to `docs/screenshots/` (the pictures the README shows) on purpose; any other run, `make test`
+included, writes them into `.cache/screenshots/`, which git ignores, so a test run leaves the work
+tree as it found it.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -31,7 +35,17 @@ from playwright.sync_api import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-SCREENSHOTS = REPO / "docs" / "screenshots"
+SCREENSHOTS = REPO / (os.environ.get("SCREENSHOTS_DIR") or ".cache/screenshots")  # relative to REPO
+CHROMIUM_ARGS = (
+    "--no-sandbox",
+    "--headless",
+    "--disable-gpu",
+    # Chromium's own traffic (sign-in, autofill, time and update checks) stays on this machine: no
+    # proxy (the environment's is the tests' sentinel, tests/conftest.py), and no name resolves but
+    # loopback's. A page's own request beyond loopback still fails its test ("request failed").
+    "--no-proxy-server",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+)
 # What Chromium logs for any fetch answered with an HTTP error; matched against expected statuses.
 _HTTP_CONSOLE = re.compile(r"Failed to load resource: the server responded with a status of (\d{3})")
 
@@ -41,9 +55,7 @@ def launch() -> Iterator[tuple[Playwright, Browser]]:
     executable = shutil.which("chromium")
     assert executable, "Debian's chromium is not installed (make test installs it: `make chromium`)"
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=executable, args=["--no-sandbox", "--headless", "--disable-gpu"]
-        )
+        browser = playwright.chromium.launch(executable_path=executable, args=[*CHROMIUM_ARGS])
         try:
             yield playwright, browser
         finally:
@@ -104,6 +116,9 @@ def sign_in(watched: Watched, credential: str, path: str = "/") -> None:
     page.get_by_label("Admin token or key").fill(credential)
     page.get_by_role("button", name="Sign in").click()
     page.get_by_role("button", name="Sign out").wait_for()
+    # The page it leads to has rendered, so its module has loaded: leaving any earlier would abort
+    # that load, which `Watched` reports as a failed request.
+    page.locator("main .page-header h1").first.wait_for()
 
 
 def settled(page: Page) -> None:

@@ -1,12 +1,46 @@
-"""Fixtures that build the real thing: a `vllm-use serve` child on loopback with its own SQLite."""
+"""Fixtures that build the real thing, and the fence that keeps every test on loopback.
+
+Two ways to run the real application:
+
+- `start_server` / the `server` and `shared_server` fixtures: a `vllm-use serve` child on
+  loopback with its own SQLite. For what needs a process: signals, exit statuses, start-up,
+  children and their environment, the server's log as a file, measurements of the process.
+- `start_app` / the same fixtures in a module marked `pytestmark = pytest.mark.in_process`: the
+  same Application (`vllm_use.app.build_context` and `vllm_use.app.run`) in a thread of this
+  process, with its own event loop, on a loopback port. Same `fetch`/`mcp`/`create_key`/`log`/
+  `stop`; a start costs milliseconds instead of a Python start-up (~0.9 s on two cores).
+
+The network fence (no test reaches beyond loopback):
+
+- In this process, `socket.getaddrinfo` and `socket.socket.connect`/`connect_ex` refuse anything
+  that is not loopback (`LookupRefused`, `ConnectRefused`: `OSError`s, as a machine without a
+  network answers), and the test fails even if the code under test swallowed the error.
+- Every child (servers, `hf`, vLLM, the fuzzer…) inherits an environment that sends hub and proxy
+  traffic to `sentinel`, a loopback listener that answers 403 and records what it was asked:
+  `HF_ENDPOINT` (when a test gives no fake hub), `HTTP(S)_PROXY`/`ALL_PROXY` (with `NO_PROXY` for
+  loopback), `HF_HUB_DISABLE_XET` (the fake hub speaks plain HTTP), telemetry and update checks
+  off, and `HF_HOME` in a temporary directory. A test during which the sentinel was asked
+  anything fails with what was asked. Two children are fenced their own way: Chromium ignores
+  the proxy and resolves no name but loopback's (tests/browser.py), and the MCP Inspector, which
+  cannot use a proxy, runs without one (it only talks to loopback).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import ipaddress
+import logging
 import os
+import resource
+import shutil
 import signal
 import socket
+import socketserver
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +55,200 @@ from tests.fakehub import fake_hub  # noqa: F401 - a fixture for every test modu
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 MCP_VERSION = "2026-07-28"
 REPO = Path(__file__).resolve().parent.parent
+
+
+# --- the network fence ---------------------------------------------------------------------------------
+
+_LOOPBACK_NAMES = frozenset({"", "localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def is_local(host: object) -> bool:
+    """Loopback (127.0.0.0/8, ::1, localhost), or the unspecified address a listener binds to."""
+    if host is None:
+        return True  # getaddrinfo(None, port): the address to bind a listener to
+    if isinstance(host, bytes):
+        host = host.decode("ascii", "replace")
+    if not isinstance(host, str):
+        return False
+    name = host.strip("[]").split("%", 1)[0].rstrip(".").lower()
+    if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_unspecified
+
+
+class LookupRefused(socket.gaierror):
+    """A name beyond loopback was looked up in the test process."""
+
+
+class ConnectRefused(ConnectionRefusedError):
+    """A connection beyond loopback was attempted in the test process."""
+
+
+_FENCE = "tests/conftest.py: no test may reach beyond loopback"
+refused: list[str] = []  # what this process tried, in order; each test fails on what it added
+_real_getaddrinfo = socket.getaddrinfo
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _guarded_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+    if not is_local(host):
+        refused.append(f"this process looked up {host!r}")
+        raise LookupRefused(socket.EAI_NONAME, f"{_FENCE}: looking up {host!r}")
+    return _real_getaddrinfo(host, *args, **kwargs)
+
+
+def _beyond_loopback(sock: socket.socket, address: Any) -> str | None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and isinstance(address, tuple) and address:
+        if not is_local(address[0]):
+            return f"{address[0]}:{address[1] if len(address) > 1 else '?'}"
+    return None  # loopback, or a Unix socket
+
+
+def _guarded_connect(self: socket.socket, address: Any) -> None:
+    target = _beyond_loopback(self, address)
+    if target:
+        refused.append(f"this process connected to {target}")
+        raise ConnectRefused(errno.ECONNREFUSED, f"{_FENCE}: connecting to {target}")
+    return _real_connect(self, address)
+
+
+def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
+    target = _beyond_loopback(self, address)
+    if target:
+        refused.append(f"this process connected to {target}")
+        return errno.ECONNREFUSED
+    return _real_connect_ex(self, address)
+
+
+socket.getaddrinfo = _guarded_getaddrinfo
+socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
+socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
+
+
+class _SentinelHandler(socketserver.StreamRequestHandler):
+    timeout = 5
+
+    def handle(self) -> None:
+        try:
+            line = self.rfile.readline(8192).decode("latin-1").strip()
+            host = ""
+            for _ in range(200):
+                header = self.rfile.readline(8192)
+                if header in (b"", b"\r\n", b"\n"):
+                    break
+                if header[:5].lower() == b"host:":
+                    host = header[5:].strip().decode("latin-1")
+        except OSError:
+            line, host = "", ""
+        self.server.record(f"a child asked {line or '(nothing)'!r}" + (f" for {host}" if host else ""))  # type: ignore[attr-defined]
+        body = f"{_FENCE}: use a fake (tests/fakehub.py, tests/fakeupstream.py)\n".encode()
+        try:
+            self.wfile.write(
+                b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                + f"X-Error-Message: {_FENCE}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+        except OSError:
+            pass
+
+
+class Sentinel(socketserver.ThreadingTCPServer):
+    """A loopback listener where children's hub and proxy traffic ends: it answers 403 and records
+    the request line, so a test during which anything arrived here fails with what was asked."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        super().__init__(("127.0.0.1", 0), _SentinelHandler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, name="network-sentinel", daemon=True).start()
+
+    def record(self, what: str) -> None:
+        self.asked.append(what)
+
+
+sentinel = Sentinel()
+_HF_HOME = tempfile.mkdtemp(prefix="vllm-use-tests-hf-home-")
+# Children inherit these (vllm-use passes them on through `config.child_env`'s allow-list).
+FENCED_ENV = {
+    "HF_ENDPOINT": sentinel.url,  # a test with a fake hub sets its own
+    "HF_HOME": _HF_HOME,  # no token, cache or config from the machine's ~/.cache/huggingface
+    "HF_HUB_DISABLE_XET": "1",  # the fake hub speaks plain HTTP, never the xet protocol
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    **{name: sentinel.url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")},
+    **{name.lower(): sentinel.url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")},
+    "NO_PROXY": "127.0.0.1,localhost,::1",
+    "no_proxy": "127.0.0.1,localhost,::1",
+}
+os.environ.update(FENCED_ENV)
+
+
+def _network_attempts() -> list[str]:
+    return refused + sentinel.asked
+
+
+_reported = 0
+
+
+@pytest.fixture(autouse=True)
+def _stays_on_loopback() -> Iterator[None]:
+    """Fails the test (at teardown, so after its own fixtures) if it tried to reach the network."""
+    global _reported
+    yield
+    attempts = _network_attempts()
+    new, _reported = attempts[_reported:], len(attempts)
+    if new:
+        pytest.fail("this test tried to reach beyond loopback:\n  " + "\n  ".join(new), pytrace=False)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    late = _network_attempts()[_reported:]  # e.g. while a module's shared fixtures were torn down
+    if late:
+        print("\nbeyond loopback, outside any test:\n  " + "\n  ".join(late), file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _on_the_real_vllm(path: str) -> bool:
+    """A test module that starts the real vLLM names its `real_vllm` fixture (tests/vllm_fixtures.py)."""
+    return "real_vllm" in (REPO / path).read_text(encoding="utf-8")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` (`make test`), with the modules on the real vLLM as one file: each module
+    runs on one worker, in order (its module fixtures start once, and some tests build on the ones
+    before), and the real vLLM starts on one worker at a time (two at once starve each other on
+    two cores). The controller sees only node ids, so the modules are told apart by their text."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "the real vLLM" if _on_the_real_vllm(path) else path
+
+    return ByFile(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_HF_HOME, ignore_errors=True)
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -41,16 +269,30 @@ def eventually(condition: Any, timeout: float = 10.0, interval: float = 0.05) ->
         time.sleep(interval)
 
 
-@dataclass
-class Server:
-    """A running `vllm-use serve` child and a small client for it."""
+def serve_env(env: dict[str, str] | None, admin_token: str | None) -> dict[str, str]:
+    """The environment of a server under test: ours (fenced) less any `VLLM_USE_*`, then `env`."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_USE_")}
+    environ.update({"VLLM_USE_LOG_LEVEL": "info", "PYTHONUNBUFFERED": "1"})
+    if admin_token:
+        environ["VLLM_USE_ADMIN_TOKEN"] = admin_token
+    environ.update(env or {})
+    return environ
+
+
+class Client:
+    """What a test does with a running vllm-use, child or in-process: `fetch`, `mcp`, `create_key`,
+    `log()`, `stop()`."""
 
     base_url: str
     data_dir: Path
-    log_path: Path
-    proc: subprocess.Popen[bytes]
-    admin_token: str | None = ADMIN_TOKEN
-    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30, trust_env=False))
+    admin_token: str | None
+    client: httpx.Client
+
+    def log(self) -> str:
+        raise NotImplementedError
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+        raise NotImplementedError
 
     def fetch(
         self,
@@ -95,6 +337,25 @@ class Server:
         body = r.json()
         return body["key"]["id"], body["secret"]
 
+
+def _new_client() -> httpx.Client:
+    return httpx.Client(timeout=30, trust_env=False)
+
+
+# --- vllm-use serve as a child -------------------------------------------------------------------------
+
+
+@dataclass
+class Server(Client):
+    """A running `vllm-use serve` child and a small client for it."""
+
+    base_url: str
+    data_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+    admin_token: str | None = ADMIN_TOKEN
+    client: httpx.Client = field(default_factory=_new_client)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -113,15 +374,13 @@ def start_server(
     env: dict[str, str] | None = None,
     admin_token: str | None = ADMIN_TOKEN,
     wait: bool = True,
+    nofile: int | None = None,
 ) -> Server:
+    """`vllm-use serve` as a child on a free loopback port; `nofile` caps its RLIMIT_NOFILE (soft and
+    hard) for the tests of running out of descriptors."""
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir.parent / f"server-{port}.log"
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_USE_")}
-    child_env.update({"VLLM_USE_LOG_LEVEL": "info", "PYTHONUNBUFFERED": "1"})
-    if admin_token:
-        child_env["VLLM_USE_ADMIN_TOKEN"] = admin_token
-    child_env.update(env or {})
     cmd = [
         sys.executable,
         "-m",
@@ -133,8 +392,20 @@ def start_server(
         str(data_dir),
         *extra,
     ]
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=child_env, cwd=REPO)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=serve_env(env, admin_token),
+            cwd=REPO,
+            preexec_fn=limit if nofile is not None else None,
+        )
     server = Server(f"http://127.0.0.1:{port}", data_dir, log_path, proc, admin_token)
     if wait:
         try:
@@ -154,16 +425,218 @@ def _healthy(server: Server) -> bool:
         return False
 
 
+# --- the same application in this process ----------------------------------------------------------------
+
+# The loggers whose lines `vllm-use serve` writes to its log (and the asyncio loop's errors).
+_SERVER_LOGGERS = ("vllm_use", "handlers", "tornado", "peewee", "asyncio")
+
+
+class _SignalsAsCalls(asyncio.SelectorEventLoop):
+    """An event loop for a thread other than the main one, where no signal can be received:
+    `add_signal_handler` records the callback and `deliver(sig)` runs it, as the signal would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signal_handlers: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+        self.stoppable = threading.Event()  # SIGTERM has a handler: `run` is serving
+
+    def add_signal_handler(self, sig: int, callback: Any, *args: Any) -> None:
+        self.signal_handlers[sig] = (callback, args)
+        if sig == signal.SIGTERM:
+            self.stoppable.set()
+
+    def remove_signal_handler(self, sig: int) -> bool:
+        return self.signal_handlers.pop(sig, None) is not None
+
+    def deliver(self, sig: int) -> None:
+        callback, args = self.signal_handlers[sig]
+        self.call_soon_threadsafe(callback, *args)
+
+
+class _Reaper(threading.Thread):
+    """tornado's `Subprocess` learns that a child exited from SIGCHLD, which only the main thread
+    can receive; an app in another thread never would. This thread collects exits instead (the same
+    `waitpid(pid, WNOHANG)` over the children tornado waits for) and hands each to its loop."""
+
+    INTERVAL_S = 0.01
+    started: _Reaper | None = None
+
+    def __init__(self) -> None:
+        super().__init__(name="subprocess-reaper", daemon=True)
+
+    @classmethod
+    def ensure(cls) -> None:
+        from tornado.process import Subprocess
+
+        Subprocess._initialized = True  # never `add_signal_handler(SIGCHLD)` from a loop: we reap
+        if cls.started is None:
+            cls.started = cls()
+            cls.started.start()
+
+    def run(self) -> None:
+        from tornado.process import Subprocess
+
+        while True:
+            time.sleep(self.INTERVAL_S)
+            for pid in list(Subprocess._waiting):
+                try:
+                    Subprocess._try_cleanup_process(pid)
+                except (RuntimeError, KeyError):  # its loop is closed; the app has gone
+                    Subprocess._waiting.pop(pid, None)
+
+
+class _LogLines(logging.Handler):
+    """The lines `vllm-use serve` would write to its log (its `configure_logging` format)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.lines: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.split(".", 1)[0] in _SERVER_LOGGERS
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record) + "\n")
+
+
+@dataclass
+class AppServer(Client):
+    """The real Application in a thread of this process: `vllm_use.app.run` on an event loop of its
+    own, on a loopback port; the same client API as `Server`. `stop()` delivers SIGTERM to it (as
+    the signal handler `run` installed) and returns `run`'s exit status; `log()` is what it logged.
+
+    One at a time: `vllm_use.storage` binds its models to one database per process.
+    """
+
+    base_url: str
+    data_dir: Path
+    admin_token: str | None
+    thread: threading.Thread
+    loop: _SignalsAsCalls
+    logs: _LogLines
+    status: list[int]  # run's exit status, once it returned
+    client: httpx.Client = field(default_factory=_new_client)
+
+    def log(self) -> str:
+        return "".join(self.logs.lines)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+        global _running_app
+        assert sig in (signal.SIGTERM, signal.SIGINT), "an in-process server can only be asked to stop"
+        if self.thread.is_alive():
+            self.loop.deliver(sig)
+        self.thread.join(timeout)
+        self.client.close()
+        if self.thread.is_alive():
+            raise AssertionError(f"the in-process server did not stop within {timeout} s:\n" + self.log())
+        logging.getLogger().removeHandler(self.logs)
+        if _running_app is self:
+            _running_app = None
+        return self.status[0]
+
+
+_running_app: AppServer | None = None
+
+
+def start_app(
+    data_dir: Path, *extra: str, env: dict[str, str] | None = None, admin_token: str | None = ADMIN_TOKEN
+) -> AppServer:
+    """`start_server`'s twin for an app in this process. `extra` are `vllm-use serve` flags and `env`
+    may set options (`VLLM_USE_*`); what its children inherit is this process's environment, so a
+    test that gives children an environment of its own needs `start_server`."""
+    from vllm_use import config as config_mod
+
+    global _running_app
+    assert _running_app is None, "one in-process server at a time: stop the other one first"
+    assert all(k.startswith("VLLM_USE_") for k in env or {}), (
+        f"start_app runs in this process, so its children cannot get {sorted(env or {})}: use start_server"
+    )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for _attempt in range(3):  # free_port() may lose its port to another process before the bind
+        port = free_port()
+        argv = ["serve", "--port", str(port), "--data-dir", str(data_dir), *extra]
+        config = config_mod.load(config_mod.build_parser().parse_args(argv), serve_env(env, admin_token))
+        app = _start_app(config, data_dir, admin_token)
+        if not app.status:
+            _running_app = app
+            return app
+        if "cannot listen" not in app.log():
+            break
+    raise AssertionError("the in-process server did not start:\n" + app.log())
+
+
+def _start_app(config: Any, data_dir: Path, admin_token: str | None) -> AppServer:
+    from vllm_use import app as app_mod
+    from vllm_use import config as config_mod
+
+    _Reaper.ensure()
+    logs = _LogLines()
+    logging.getLogger().addHandler(logs)
+    levels = {name: logging.getLogger(name).level for name in _SERVER_LOGGERS}
+    for name in ("vllm_use", "handlers", "tornado"):
+        logging.getLogger(name).setLevel(config.log_level.upper())
+    loop = _SignalsAsCalls()
+    status: list[int] = []
+    log = logging.getLogger("vllm_use")
+
+    def serve() -> None:  # what `vllm_use.cli.main` does after parsing, on this thread's loop
+        asyncio.set_event_loop(loop)
+        try:
+            for warning in config_mod.start_warnings(config):
+                log.warning("%s", warning)
+            try:
+                context = app_mod.build_context(config)
+            except config_mod.ConfigError as exc:
+                log.error("vllm-use: refusing to start: %s", exc)
+                status.append(2)
+                return
+            try:
+                status.append(loop.run_until_complete(app_mod.run(context)))
+            except OSError as exc:
+                log.error("vllm-use: cannot listen on %s:%d: %s", config.host, config.port, exc.strerror)
+                app_mod.shutdown(context)
+                status.append(1)
+            except BaseException:
+                log.exception("the in-process server failed")
+                status.append(1)
+        finally:
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+
+    thread = threading.Thread(target=serve, name=f"vllm-use-{config.port}", daemon=True)
+    app = AppServer(f"http://127.0.0.1:{config.port}", data_dir, admin_token, thread, loop, logs, status)
+    thread.start()
+    while not loop.stoppable.wait(0.01) and thread.is_alive():
+        pass
+    if not loop.stoppable.is_set():  # it ended instead: the status and the log say why
+        thread.join()
+        logging.getLogger().removeHandler(logs)
+    return app
+
+
+# --- fixtures -------------------------------------------------------------------------------------------
+
+
+def in_process(node: pytest.Item | pytest.Collector) -> bool:
+    """A module marked `pytestmark = pytest.mark.in_process` gets in-process `server`s."""
+    return node.get_closest_marker("in_process") is not None
+
+
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    srv = start_server(tmp_path / "data")
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Client]:
+    """A fresh vllm-use for one test: a child, or in-process where the module is marked so."""
+    srv = (start_app if in_process(request.node) else start_server)(tmp_path / "data")
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One server for a module's read-mostly tests."""
+    """One server for a module's read-mostly tests (a child: the module's `server`s may be in-process,
+    and only one in-process app may run at a time)."""
     srv = start_server(tmp_path_factory.mktemp("shared") / "data")
     yield srv
     srv.stop()

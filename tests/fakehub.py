@@ -82,11 +82,13 @@ _DATE = "2026-01-01T00:00:00.000Z"
 
 
 class Request(NamedTuple):
-    """One request as received: ``path`` keeps the query string; header names are lower-case."""
+    """One request as received: ``path`` keeps the query string; header names are lower-case; ``at``
+    is when it arrived (``time.monotonic()``), taken before anything of the answer is sent."""
 
     method: str
     path: str
     headers: dict[str, str]
+    at: float = 0.0
 
 
 @dataclass
@@ -206,7 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         hub = self.server.hub
         headers = {k.lower(): v for k, v in self.headers.items()}
-        hub._record(Request(self.command, self.path, headers))
+        hub._record(Request(self.command, self.path, headers, time.monotonic()))
         if self.command == "POST":
             length = int(self.headers.get("Content-Length") or 0)
             if length:
@@ -268,6 +270,8 @@ class FakeHub:
         self._blocked: set[tuple[str, str]] = set()
         self._requests: list[Request] = []
         self._served: dict[tuple[str, str], int] = {}
+        self._streaming: dict[str, int] = {}  # repo -> its file bodies being sent right now
+        self.most_repos_streaming = 0  # the most repos whose files were ever sent at the same time
         self._claimed: dict[tuple[str, str], int] = {}
         self._cdn_host = cdn_host
         self._server: _Server | None = None
@@ -294,11 +298,14 @@ class FakeHub:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 1.0) -> None:
-        """Stop serving: end every sleep/block, close every open connection, join the threads."""
+    def stop(self, timeout: float = 1.0) -> list[threading.Thread]:
+        """Stop serving: end every sleep/block, close every open connection, join the threads.
+
+        Returns the threads still alive after ``timeout`` (none, when every wait noticed the stop).
+        """
         server, thread = self._server, self._thread
         if server is None or thread is None:
-            return
+            return []
         deadline = time.monotonic() + timeout
         self._stopping.set()
         with self._cond:
@@ -312,6 +319,7 @@ class FakeHub:
         for t in handlers:
             t.join(max(0.0, deadline - time.monotonic()))
         self._server = self._thread = None
+        return [t for t in (thread, *handlers) if t.is_alive()]
 
     def __enter__(self) -> FakeHub:
         return self.start()
@@ -703,7 +711,16 @@ class FakeHub:
                     else:
                         original.fail_times -= 1
         h.send(status, b"", headers)
-        self._stream(h, key, f.data, start, end + 1, fault)
+        with self._lock:
+            self._streaming[repo_id] = self._streaming.get(repo_id, 0) + 1
+            self.most_repos_streaming = max(self.most_repos_streaming, len(self._streaming))
+        try:
+            self._stream(h, key, f.data, start, end + 1, fault)
+        finally:
+            with self._lock:
+                self._streaming[repo_id] -= 1
+                if not self._streaming[repo_id]:
+                    del self._streaming[repo_id]
 
     def _stream(
         self, h: _Handler, key: tuple[str, str], data: bytes, start: int, stop: int, fault: _Fault | None

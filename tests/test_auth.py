@@ -13,6 +13,9 @@ import pytest
 
 from tests.conftest import ADMIN_TOKEN, Server
 
+# No test here needs a process of its own: `server` runs the Application in this one (tests/conftest.py).
+pytestmark = pytest.mark.in_process
+
 BAD_HEADERS = [
     pytest.param(None, id="no-header"),
     pytest.param("Basic dXNlcjpwYXNz", id="basic-scheme"),

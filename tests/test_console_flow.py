@@ -2,10 +2,12 @@
 `vllm` and the real `hf` on a fake hub (tests/consolestack.py).
 
 One operator's day, in order: sign in → register a Hugging Face model → download it with live
-progress → switch the runtime to it → see it ready → create an `inference` key and read its secret
-once → the key works on /v1/models with curl → disable it in the console → the same curl gets 401
-→ recent requests show the call that was let in and count the refused one. Then: bad input shows the server's error next to its field, and
-a screenshot of every page in both themes goes to docs/screenshots/.
+progress → switch the runtime to it and see it ready (the start answers 202; the runtime's event
+stream brings `ready` and the log) → create an `inference` key and read its secret once → the key
+works on /v1/models with curl → disable it in the console → the same curl gets 401 → recent
+requests show the call that was let in and count the refused one. Then: bad input shows the
+server's error next to its field, and a screenshot of every page in both themes (tests/browser.py
+says where: `.cache/screenshots/` in a test run, `docs/screenshots/` under `make screenshots`).
 """
 
 from __future__ import annotations
@@ -107,11 +109,14 @@ def test_an_operators_day_from_sign_in_to_a_disabled_key(watched: Watched, stack
     assert any(0 < v < 100 for v in seen), f"no intermediate progress was shown: {sorted(seen)}"
     expect(page.get_by_text("succeeded", exact=True).first).to_be_visible()
 
-    # Switch the runtime to it and see it ready.
+    # Switch the runtime to it: the start answers at once (202), the runtime's event stream says
+    # when it is ready (the fake loads in 0.3 s; a busy machine may take longer).
     nav(page, "Runtime")
     page.get_by_label("Model", exact=True).select_option(label=SLOW_REPO)
     page.get_by_role("button", name="Start", exact=True).click()
-    expect(page.get_by_text("ready", exact=True).first).to_be_visible(timeout=60_000)
+    expect(page.get_by_text(f"{SLOW_REPO} is ready.")).to_be_visible(timeout=60_000)  # the toast
+    expect(page.locator("section.runtime-state")).to_have_attribute("data-state", "ready")
+    expect(page.locator("pre.runtime-log")).to_contain_text("Uvicorn running on")  # the live log
 
     # An inference key, its secret read once.
     nav(page, "API keys")

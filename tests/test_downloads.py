@@ -20,7 +20,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +30,8 @@ import pytest
 
 from tests.conftest import ADMIN_TOKEN, Server, eventually, start_server
 from tests.fakehub import FakeHub
+from vllm_use.app import SHUTDOWN_GRACE_S
+from vllm_use.downloads.manager import REAP_CAP_S, TERM_GRACE_S
 
 HF = str(Path(sys.executable).with_name("hf"))
 MiB = 1024 * 1024
@@ -481,17 +482,21 @@ def test_parallel_limit_holds_when_starts_arrive_together(launch: Launch, hub: F
     with ThreadPoolExecutor(len(model_ids)) as pool:
         tasks = list(pool.map(lambda m: start(server, m), model_ids))
     most = 0
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
+
+    def all_finished() -> bool:  # and, at every look until then, one download at most
+        nonlocal most
         most = max(most, sum(1 for t in targets if hf_pids(t)))
-        running = [t for t in tasks_list(server) if t["status"] == "running"]
-        assert len(running) <= 1, running
-        time.sleep(0.05)
-    for t in tasks:
-        finished(server, t["id"], timeout=30)
+        listed = tasks_list(server)
+        assert len([t for t in listed if t["status"] == "running"]) <= 1, listed
+        return all(t["status"] in FINISHED for t in listed)
+
+    eventually(all_finished, timeout=30, interval=0.05)
+    statuses = [task_of(server, t["id"])["status"] for t in tasks]
     server.stop()
 
+    assert statuses == ["succeeded"] * 3
     assert most == 1
+    assert hub.most_repos_streaming == 1  # the hub never sent two repos' files at the same time
 
 
 def test_cancel_of_a_pending_task_is_immediate(launch: Launch, hub: FakeHub) -> None:
@@ -528,13 +533,14 @@ def test_cancel_of_a_running_task_stops_its_process_group(launch: Launch, hub: F
     assert pgid != os.getpgid(server.proc.pid)  # its own group, so the whole group can be signalled
     eventually(lambda: hub.gets(REPO, "model.safetensors"), timeout=20)
 
-    started = time.monotonic()
     r = server.fetch(f"/api/downloads/{task_id}/cancel", "POST")
 
     assert r.status_code == 200, r.text
     assert r.json()["task"]["status"] == "canceled"
-    eventually(lambda: not os.path.exists(f"/proc/{hf}") and not group_members(pgid), timeout=5)
-    assert time.monotonic() - started < 5
+    # The answer comes once hf has exited and been reaped, and its group was then SIGKILLed:
+    # only the kernel's delivery of that signal may still be under way.
+    assert not os.path.exists(f"/proc/{hf}")
+    eventually(lambda: not group_members(pgid))
     assert model_of(server, model_id)["status"] == "canceled"
     assert task_of(server, task_id)["status"] == "canceled"
     server.stop()
@@ -880,13 +886,12 @@ def test_sigterm_cancels_running_downloads_and_exits_zero(launch: Launch, hub: F
     targets = [server.data_dir / "models" / m for m in model_ids]
     hfs = [the_hf_child(t) for t in targets]
 
-    started = time.monotonic()
     try:
-        code: int | None = server.stop(signal.SIGTERM)
+        # Its bound: each child's SIGTERM grace and reaping, then the open connections' grace.
+        code: int | None = server.stop(signal.SIGTERM, timeout=TERM_GRACE_S + REAP_CAP_S + SHUTDOWN_GRACE_S)
     except subprocess.TimeoutExpired:
         code = None
-    elapsed = time.monotonic() - started
-    left = [pid for t in targets for pid in hf_pids(t)]
+    left = [pid for t in targets for pid in hf_pids(t)]  # none: the server exits after reaping them
     if code is None:
         server.stop(signal.SIGKILL)
     again = launch()
@@ -895,8 +900,9 @@ def test_sigterm_cancels_running_downloads_and_exits_zero(launch: Launch, hub: F
     again.stop()
 
     assert code == 0, server.log()[-3000:]
-    assert elapsed < 5
+    # Prompt by cause, not by clock: no child made the server wait out its grace...
     assert "ignored SIGTERM" not in server.log()  # hf exits on SIGTERM: no SIGKILL was needed
+    assert "did not close within" not in server.log()  # ...and no connection held the exit up
     assert left == [] and not [pid for pid in hfs if os.path.exists(f"/proc/{pid}")]
     assert [t["status"] for t in tasks] == ["canceled", "canceled"]
     assert [m["status"] for m in models] == ["canceled", "canceled"]

@@ -30,7 +30,7 @@ import tornado.netutil
 import tornado.web
 from tornado.httpclient import AsyncHTTPClient
 
-from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port, start_server
+from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, start_server
 from tests.fakeupstream import FakeUpstream, running
 from vllm_use import app as app_mod
 from vllm_use import config as config_mod
@@ -133,44 +133,6 @@ def closed_by_server(sock: socket.socket) -> bool:
     except ConnectionResetError:
         pass
     return True
-
-
-def start_limited(
-    data_dir: Path, nofile: int, *flags: str, wait: bool = True, env: dict[str, str] | None = None
-) -> Server:
-    """tests.conftest.start_server, with the child's RLIMIT_NOFILE (soft and hard) set to `nofile`."""
-    port = free_port()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log_path = data_dir.parent / f"server-{port}.log"
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_USE_")}
-    child_env.update(
-        {"VLLM_USE_LOG_LEVEL": "info", "PYTHONUNBUFFERED": "1", "VLLM_USE_ADMIN_TOKEN": ADMIN_TOKEN}
-    )
-    child_env.update(env or {})
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm_use",
-        "serve",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(data_dir),
-        *flags,
-    ]
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=child_env, cwd=REPO, preexec_fn=limit
-        )
-    server = Server(f"http://127.0.0.1:{port}", data_dir, log_path, proc, ADMIN_TOKEN)
-    if wait:
-        eventually(lambda: healthz(server) == 200 or proc.poll() is not None, timeout=20)
-        assert proc.poll() is None, server.log()
-    return server
 
 
 def healthz(server: Server) -> int | None:
@@ -516,7 +478,7 @@ def test_connections_over_the_cap_get_a_503_and_are_closed(tmp_path: Path) -> No
 
 
 def test_the_default_cap_is_what_the_open_file_limit_allows(tmp_path: Path) -> None:
-    server = start_limited(tmp_path / "data", 256)
+    server = start_server(tmp_path / "data", nofile=256)
     try:
         assert "(at most 32 connections)" in server.log()  # (256 - 192 reserved) / 2 per connection
     finally:
@@ -524,7 +486,7 @@ def test_the_default_cap_is_what_the_open_file_limit_allows(tmp_path: Path) -> N
 
 
 def test_a_slow_body_flood_under_a_low_open_file_limit_leaves_the_server_serving(tmp_path: Path) -> None:
-    server = start_limited(tmp_path / "data", 256)
+    server = start_server(tmp_path / "data", nofile=256)
     pid = server.proc.pid
     flood: list[socket.socket] = []
     try:

@@ -7,7 +7,10 @@ import sqlite3
 
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server, start_app
+
+# No test here needs a process of its own: the Application runs in this one (tests/conftest.py).
+pytestmark = pytest.mark.in_process
 
 
 def test_create_returns_the_secret_once_in_the_documented_shape(server: Server) -> None:
@@ -95,12 +98,12 @@ def test_duplicate_scopes_are_refused(shared_server: Server) -> None:
 
 
 def test_hand_edited_unknown_scope_never_authenticates_and_is_flagged(tmp_path) -> None:
-    server = start_server(tmp_path / "data")
+    server = start_app(tmp_path / "data")
     key_id, secret = server.create_key("admin.read")
     server.stop()
     with sqlite3.connect(server.data_dir / "vllm-use.db") as db:
         db.execute("UPDATE api_keys SET scopes = ? WHERE id = ?", ('["admin.read", "root"]', key_id))
-    server = start_server(server.data_dir)
+    server = start_app(server.data_dir)
     try:
         assert server.fetch("/api/system", token=secret).status_code == 401
         listed = {k["id"]: k for k in server.fetch("/api/keys").json()["keys"]}
@@ -113,7 +116,7 @@ def test_hand_edited_unknown_scope_never_authenticates_and_is_flagged(tmp_path) 
 
 
 def test_last_used_at_is_recorded_and_never_goes_backwards(tmp_path) -> None:
-    server = start_server(tmp_path / "data")
+    server = start_app(tmp_path / "data")
     key_id, secret = server.create_key("admin.read")
     assert server.fetch("/api/system", token=secret).status_code == 200
     listed = {k["id"]: k for k in server.fetch("/api/keys").json()["keys"]}
@@ -122,7 +125,7 @@ def test_last_used_at_is_recorded_and_never_goes_backwards(tmp_path) -> None:
     future = 4_000_000_000_000  # year 2096, in ms
     with sqlite3.connect(server.data_dir / "vllm-use.db") as db:
         db.execute("UPDATE api_keys SET last_used_at = ? WHERE id = ?", (future, key_id))
-    server = start_server(server.data_dir)
+    server = start_app(server.data_dir)
     for _ in range(3):
         assert server.fetch("/api/system", token=secret).status_code == 200
     server.stop()
@@ -132,12 +135,12 @@ def test_last_used_at_is_recorded_and_never_goes_backwards(tmp_path) -> None:
 
 
 def test_key_disabled_by_hand_in_sqlite_is_refused_after_restart(tmp_path) -> None:
-    server = start_server(tmp_path / "data")
+    server = start_app(tmp_path / "data")
     key_id, secret = server.create_key("admin.read")
     server.stop()
     with sqlite3.connect(server.data_dir / "vllm-use.db") as db:
         db.execute("UPDATE api_keys SET enabled = 0 WHERE id = ?", (key_id,))
-    server = start_server(server.data_dir)
+    server = start_app(server.data_dir)
     try:
         assert server.fetch("/api/system", token=secret).status_code == 401
     finally:

@@ -52,7 +52,13 @@ def inspector(server: Server, secret: str, home: Path, *args: str) -> subprocess
         "json",
         *args,
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_USE_", "MCP_"))}
+    # No proxy (the tests' fence sets one, tests/conftest.py): the Inspector talks to loopback only,
+    # and with a proxy set it insists on routing through it, with a library it cannot load.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VLLM_USE_", "MCP_")) and not k.lower().endswith("_proxy")
+    }
     env.update(
         HOME=str(home),
         MCP_CATALOG_PATH=str(home / "mcp.json"),

@@ -13,8 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server, start_app, start_server
 from vllm_use import storage
+
+# `server` and `start_app` run the Application in this process (tests/conftest.py); a server that
+# must crash, and a start that must fail with an exit status, are children.
+pytestmark = pytest.mark.in_process
 
 
 def make_model_dir(root: Path, name: str, config: bool = True) -> Path:
@@ -182,7 +186,7 @@ def _crash_during_delete(tmp_path: Path, point: str) -> tuple[Server, str, Path]
     data = tmp_path / "data"
     root = data / "models"
     make_model_dir(root, "precious")
-    server = start_server(data)
+    server = start_app(data)
     model = server.fetch("/api/models/local", "POST", json={"name": "p", "path": "precious"}).json()["model"]
     server.stop()
     crashing = start_server(data, env={"VLLM_USE_TEST_CRASH_AT": point})
@@ -190,7 +194,7 @@ def _crash_during_delete(tmp_path: Path, point: str) -> tuple[Server, str, Path]
         crashing.fetch(f"/api/models/{model['id']}?files=true", "DELETE")
     assert crashing.proc.wait(10) == -signal.SIGKILL
     crashing.client.close()
-    return start_server(data), model["id"], root
+    return start_app(data), model["id"], root  # in-process: recovery runs at start, as in a child
 
 
 def test_crash_between_quarantine_and_commit_restores_the_model(tmp_path: Path) -> None:
@@ -227,7 +231,7 @@ def _start_fails(data: Path) -> subprocess.CompletedProcess[str]:
 
 def test_unknown_quarantine_content_refuses_the_start_and_is_kept(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    start_server(data).stop()
+    start_app(data).stop()
     stray = data / "models" / ".quarantine" / "not-a-model-id"
     stray.mkdir(parents=True)
     (stray / "important.txt").write_text("keep me")
@@ -275,7 +279,7 @@ def test_a_hand_corrupted_model_row_fails_requests_closed_naming_it(server: Serv
 
 def test_a_corrupt_model_row_stops_the_next_start(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    server = start_server(data)
+    server = start_app(data)
     model_id = server.fetch("/api/models/huggingface", "POST", json={"repository": "org/x"}).json()["model"][
         "id"
     ]

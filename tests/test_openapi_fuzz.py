@@ -20,12 +20,14 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from handlers.api import ROUTES
-from tests.conftest import ADMIN_TOKEN, Server
+from tests.conftest import ADMIN_TOKEN, Server, start_server
+from tests.fakehub import FakeHub
 
 CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
 MAX_EXAMPLES = 25  # per operation and phase; ~5 s a run on 2 cores
@@ -67,17 +69,27 @@ def run_schemathesis(
         "--no-color",
         "--output-truncate",
         "false",
-        # These spawn vLLM. A vLLM that can't start is answered honestly (500 with its last log
-        # lines), which the fuzzer would count as a server error; tests/test_runtime*.py cover them.
+        # These spawn vLLM (there is none here), and a fuzzed `?wait=` holds the answer up to 600 s,
+        # past the fuzzer's request timeout; tests/test_runtime*.py cover them, and their 202.
         "--exclude-path-regex",
         "^/api/runtime/(start|restart|switch)$",
     ]
-    # No proxies for loopback, no config file picked up from the repository, no stray reports.
-    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    # The fence's environment (tests/conftest.py): loopback goes direct, anything else to its sentinel.
+    env = dict(os.environ)
     return subprocess.run(
         cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
     )
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The server the fuzzer drives. The fuzzer registers repositories and starts downloads: their
+    `hf` children ask a fake hub that knows no repository (401, as the Hub answers), never the Hub."""
+    root = tmp_path_factory.mktemp("fuzz")
+    with FakeHub() as hub:
+        srv = start_server(root / "data", env={"HF_ENDPOINT": hub.url, "HF_HOME": str(root / "hf-home")})
+        yield srv
+        srv.stop()
 
 
 def assert_clean(proc: subprocess.CompletedProcess[str], server: Server, log_start: int) -> None:

@@ -6,7 +6,10 @@ import sqlite3
 
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server, start_app
+
+# No test here needs a process of its own: the Application runs in this one (tests/conftest.py).
+pytestmark = pytest.mark.in_process
 
 SENSITIVE = [
     "token",
@@ -92,13 +95,13 @@ def test_batch_size_bounds(shared_server: Server) -> None:
 
 
 def test_sensitive_rows_written_by_hand_are_purged_on_next_open(tmp_path) -> None:
-    server = start_server(tmp_path / "data")
+    server = start_app(tmp_path / "data")
     server.fetch("/api/settings", "PUT", json=[{"key": "ui.theme", "value": "dark"}])
     server.stop()
     with sqlite3.connect(server.data_dir / "vllm-use.db") as db:
         for key in SENSITIVE:
             db.execute("INSERT INTO settings (key, value, updated_at) VALUES (?, 'leaked', 1)", (key,))
-    server = start_server(server.data_dir)
+    server = start_app(server.data_dir)
     try:
         keys = [s["key"] for s in server.fetch("/api/settings").json()["settings"]]
     finally:
@@ -110,12 +113,12 @@ def test_sensitive_rows_written_by_hand_are_purged_on_next_open(tmp_path) -> Non
 
 
 def test_a_corrupt_settings_row_fails_the_request_closed(tmp_path) -> None:
-    server = start_server(tmp_path / "data")
+    server = start_app(tmp_path / "data")
     server.fetch("/api/settings", "PUT", json=[{"key": "ui.theme", "value": "dark"}])
     server.stop()
     with sqlite3.connect(server.data_dir / "vllm-use.db") as db:
         db.execute("INSERT INTO settings (key, value, updated_at) VALUES ('bad', 'x', 'yesterday')")
-    server = start_server(server.data_dir)
+    server = start_app(server.data_dir)
     try:
         r = server.fetch("/api/settings")
     finally:

