@@ -13,7 +13,8 @@ down. A client that does not read costs a bounded queue, never memory.
     at each state change. `event: log` `{"type": "log", "reset": bool, "lines": […],
     "skipped": bool}`: the newest `LOG_TAIL` lines of vLLM's log now (`reset`), then new lines as
     vLLM writes them (at most `LOG_TAIL` an event; `skipped` says some were left out), and
-    `reset` again when a new vLLM starts with an empty log.
+    `reset` again when a new vLLM starts with an empty log. `?log=false`: the state events only
+    (the console's top bar); any other value than `true` or `false` is a 400.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import tornado.web
 from tornado.iostream import StreamClosedError
 
 from handlers.base import JsonHandler
-from vllm_use.errors import PermissionDenied
+from vllm_use.errors import InvalidArguments, PermissionDenied
 from vllm_use.runtime.supervisor import RuntimeLog
 from vllm_use.scopes import MethodScope, Scope, Surface
 
@@ -54,9 +55,17 @@ class EventStreamHandler(JsonHandler):
     async def send_pending(self) -> None:
         raise NotImplementedError
 
+    def read_query(self) -> None:
+        """Check the query's options (after the credential); raise `InvalidArguments` for bad ones."""
+
     async def get(self) -> None:
         if self.identity is None or not self.identity.may_call(EVENTS_SCOPE, Surface.API):
             self.fail(PermissionDenied("admin.read is required"))
+            return
+        try:
+            self.read_query()
+        except InvalidArguments as exc:
+            self.fail(exc)
             return
         self._closed = asyncio.Event()
         woken = asyncio.Event()
@@ -125,6 +134,14 @@ class DownloadEventsHandler(EventStreamHandler):
 
 @tornado.web.stream_request_body
 class RuntimeEventsHandler(EventStreamHandler):
+    def read_query(self) -> None:
+        value = self.get_query_argument("log", "true")
+        if value not in ("true", "false"):
+            raise InvalidArguments(
+                "log must be true or false", errors=[{"loc": ["log"], "msg": "must be true or false"}]
+            )
+        self._with_log = value == "true"
+
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         # State changes are few and each one counts (the console waits for ready or failed); log
         # lines are not queued at all: a flag, and the lines are read from vLLM's log when sent.
@@ -136,20 +153,23 @@ class RuntimeEventsHandler(EventStreamHandler):
         def listener(kind: str, status: dict[str, Any] | None) -> None:
             if status is not None:
                 self._states.append(status)
-            else:
+            elif self._with_log:
                 self._log_pending = True
+            else:
+                return  # a log line, for a client that wants none
             wake()
 
         return self.app.runtime.subscribe(listener)
 
     async def send_current(self) -> None:
         await self._send_state(self.app.runtime.status())
-        await self._send_log()
+        if self._with_log:
+            await self._send_log()
 
     async def send_pending(self) -> None:
         while self._states:
             await self._send_state(self._states.popleft())
-        if self._log_pending or self.app.runtime.logs is not self._vllm_log:
+        if self._with_log and (self._log_pending or self.app.runtime.logs is not self._vllm_log):
             self._log_pending = False
             await self._send_log()
 

@@ -63,6 +63,8 @@ def test_a_start_shows_starting_and_the_live_log_until_a_stop_cancels_it(
     start(page, "slow")
 
     expect(state).to_have_attribute("data-state", "starting")
+    topbar = page.locator("#topbar-status")  # the top bar follows the same events, without the log
+    expect(topbar).to_have_text("vLLM: starting")
     expect(page.get_by_role("button", name="Starting…")).to_be_disabled()
     expect(state.get_by_text("Loading for", exact=True)).to_be_visible()
     expect(state).to_contain_text("of at most 15 min 0 s")  # the default start timeout, 900 s
@@ -77,9 +79,11 @@ def test_a_start_shows_starting_and_the_live_log_until_a_stop_cancels_it(
     expect(state).to_have_attribute("data-state", "stopped")
     expect(page.locator("form.run-form").get_by_role("alert")).to_contain_text("The start was canceled.")
     expect(page.get_by_role("button", name="Start", exact=True)).to_be_enabled()
-    # Followed through the event stream: the page never asked for the log.
+    expect(topbar).to_have_text("vLLM: stopped")
+    # Followed through the event streams: the page never asked for the log.
     sent: list[str] = watched.requests  # type: ignore[attr-defined]
     assert [r for r in sent if r.startswith("GET ") and r.endswith("/api/runtime/events")]
+    assert [r for r in sent if r.startswith("GET ") and r.endswith("/api/runtime/events?log=false")]
     assert not [r for r in sent if "/api/runtime/logs" in r]
 
 

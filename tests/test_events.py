@@ -114,7 +114,9 @@ def test_runtime_events_send_the_state_first_then_each_change_and_the_new_log_li
 ) -> None:
     server, model_id = runtime_server
     reader = Reader(server, "/api/runtime/events")
+    quiet = Reader(server, "/api/runtime/events?log=false")  # the console's top bar
     eventually(lambda: reader.states() == ["stopped"] and reader.logs())
+    eventually(lambda: quiet.states() == ["stopped"])
     assert reader.logs()[0]["reset"] is True  # the log as it is now (empty: nothing ran yet)
 
     body = {"model_id": model_id, "options": {"start_timeout_s": START_TIMEOUT_S}}
@@ -143,6 +145,18 @@ def test_runtime_events_send_the_state_first_then_each_change_and_the_new_log_li
     whole = server.fetch("/api/runtime/logs").json()["lines"]
     eventually(lambda: followed() == whole)  # the last lines may trail the last state
     assert any("Initializing a V1 LLM engine" in line for line in whole)
+    eventually(lambda: quiet.states() == reader.states())
+    assert quiet.logs() == []  # the same states, and none of the log's lines
+
+
+@pytest.mark.parametrize("value", ["", "yes", "False", "0"])
+def test_runtime_events_take_log_true_or_false_and_nothing_else(shared_server: Server, value: str) -> None:
+    refused = shared_server.fetch(f"/api/runtime/events?log={value}")
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["code"] == "invalid_arguments"
+    assert refused.json()["error"]["errors"][0]["loc"] == ["log"]
+    # The credential is checked first: without one, the answer says nothing about the query.
+    assert shared_server.fetch(f"/api/runtime/events?log={value}", token=None).status_code == 401
 
 
 @pytest.fixture

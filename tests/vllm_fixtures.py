@@ -183,19 +183,35 @@ def fixture_tiny_models() -> tuple[Path, Path]:
     return first, second
 
 
+def _stat(path: Path) -> tuple[str, list[str]] | None:
+    """(name, [state, ppid, pgrp, session, …]) from a /proc …/stat file; None once it is gone."""
+    try:
+        stat = path.read_text()
+    except OSError:
+        return None
+    return stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+
+
+def _exited(proc: Path) -> bool:
+    """Whether every thread of the process has exited. A killed process's main thread may be a
+    zombie while its other threads still exit, and they share its descriptors (a listening socket
+    among them): the process counts until the last of them is a zombie too."""
+    try:
+        tasks = list((proc / "task").iterdir())
+    except OSError:
+        return True
+    return all((stat := _stat(task / "stat")) is None or stat[1][0] in "ZX" for task in tasks)
+
+
 def group_members(pgid: int) -> list[tuple[int, str]]:
-    """(pid, name) of each process in the process group, from /proc/<pid>/stat."""
+    """(pid, name) of each process in the process group that has not exited (zombies that await
+    their reaper do not count), from /proc/<pid>/stat."""
     members = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or (stat := _stat(entry / "stat")) is None:
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        name, fields = stat
+        if int(fields[2]) == pgid and not (fields[0] in "ZX" and _exited(entry)):
             members.append((int(entry.name), name))
     return sorted(members)
 

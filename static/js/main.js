@@ -4,10 +4,10 @@
 // push functions onto `page.cleanup` (timers, event streams) and pass `page.signal` to fetches;
 // both are run/aborted when the user leaves the page. Routes are the table below.
 
-import { api } from "./api.js";
+import { events } from "./api.js";
 import { credential, forget } from "./session.js";
 import { initTheme } from "./theme.js";
-import { clear, h, humanError } from "./ui.js";
+import { clear, h, humanError, sleep } from "./ui.js";
 
 const ROUTES = [
   { path: "/", title: "Overview", module: "./pages/overview.js" },
@@ -95,6 +95,7 @@ function closeMenu() {
 }
 
 function signOut(reason = "") {
+  stopStatus();
   forget();
   signinReason = reason;
   show("/signin", { replace: true });
@@ -136,19 +137,48 @@ window.addEventListener("vllm-use:signed-in", () => {
   sessionStorage.removeItem("vllm-use.after-signin");
   const known = ROUTES.some((r) => r.path === new URL(wanted, location.origin).pathname);
   show(known ? wanted : "/", { replace: true });
+  followStatus();
 });
 
-// A small runtime indicator in the top bar, refreshed while signed in.
-async function refreshStatus() {
+// The top bar's "vLLM: <state>" follows GET /api/runtime/events while signed in: its `state` events
+// (the first one is the state now); the log lines are the runtime page's. After the stream fails or
+// ends (the server stopping) it reconnects STATUS_RECONNECT_MS later; a 401 (the sign-in page takes
+// over) or 403 (this credential may not read the runtime) ends it until the next sign-in.
+const STATUS_RECONNECT_MS = 2000;
+let statusFeed = null; // the AbortController of the subscription running now
+
+function showStatus(state) {
   const slot = document.getElementById("topbar-status");
-  if (!credential() || document.visibilityState !== "visible") return;
-  try {
-    const status = await api("GET", "/runtime");
-    slot.textContent = `vLLM: ${status.state}`;
-    slot.dataset.state = status.state;
-  } catch (_) {
-    slot.textContent = "";
+  slot.textContent = state ? `vLLM: ${state}` : "";
+  if (state) slot.dataset.state = state;
+  else delete slot.dataset.state;
+}
+
+async function followStatus() {
+  if (statusFeed || !credential()) return;
+  const feed = new AbortController();
+  statusFeed = feed;
+  const { signal } = feed;
+  while (!signal.aborted) {
+    try {
+      await events("/runtime/events?log=false", (type, data) => {
+        if (type === "state" && data && data.status) showStatus(data.status.state);
+      }, { signal });
+    } catch (error) {
+      if (signal.aborted || error.name === "AbortError") break;
+      if (error.status === 401 || error.status === 403) break;
+    }
+    if (signal.aborted) break;
+    showStatus(""); // unknown until the stream is back
+    await sleep(STATUS_RECONNECT_MS, signal);
   }
+  showStatus("");
+  if (statusFeed === feed) statusFeed = null;
+}
+
+function stopStatus() {
+  if (statusFeed) statusFeed.abort();
+  statusFeed = null;
 }
 
 initTheme();
@@ -157,5 +187,4 @@ if (!credential() && location.pathname !== "/signin") {
   sessionStorage.setItem("vllm-use.after-signin", location.pathname + location.search);
 }
 show(location.pathname + location.search, { replace: true });
-refreshStatus();
-setInterval(refreshStatus, 5000);
+followStatus();

@@ -219,6 +219,21 @@ export function setProgress(bar, fraction) {
   fill.style.width = `${pct}%`;
 }
 
+// Resolves after `ms`, or at once when `signal` aborts (leaving a page ends its waits).
+export function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    const stop = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+    const timer = setTimeout(() => {
+      signal.removeEventListener("abort", stop);
+      resolve();
+    }, ms);
+    signal.addEventListener("abort", stop, { once: true });
+  });
+}
+
 // Run `fn` every `ms` while the page is shown; the page's cleanup stops it.
 export function every(ms, fn, page) {
   const timer = setInterval(() => {

@@ -12,7 +12,7 @@
 // DOM hooks for tests: each task is <article class="download" data-download-id="…"
 // data-model-id="…" data-status="…" data-stalled="true|false">; its log is <pre class="log">.
 import { api, events } from "../api.js";
-import { badge, clear, empty, errorSlot, every, field, formatBytes, formatDuration, formatTime, h, humanError, pageHeader, placeholder, progressBar, reportFailure, setProgress, showError, showFieldErrors, toast } from "../ui.js";
+import { badge, clear, empty, errorSlot, every, field, formatBytes, formatDuration, formatTime, h, humanError, pageHeader, placeholder, progressBar, reportFailure, setProgress, showError, showFieldErrors, sleep, toast } from "../ui.js";
 
 const ACTIVE = new Set(["pending", "running"]);
 const RETRYABLE = new Set(["failed", "canceled"]);
@@ -144,20 +144,6 @@ async function follow(signal, onTask, onState) {
     onState(false); // failed, or the server closed the stream (it is stopping): try again
     await sleep(RECONNECT_MS, signal);
   }
-}
-
-function sleep(ms, signal) {
-  return new Promise((resolve) => {
-    const stop = () => {
-      clearTimeout(timer);
-      resolve();
-    };
-    const timer = setTimeout(() => {
-      signal.removeEventListener("abort", stop);
-      resolve();
-    }, ms);
-    signal.addEventListener("abort", stop, { once: true });
-  });
 }
 
 // --- the start form ------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import { api, events } from "../api.js";
 import { schemaForm, resolveSchema } from "../schema-form.js";
 import {
   badge, clear, confirmDialog, empty, errorSlot, every, field, formatDuration, formatTime, h, humanError,
-  pageHeader, placeholder, showError, toast,
+  pageHeader, placeholder, showError, sleep, toast,
 } from "../ui.js";
 
 const RUNNING = new Set(["starting", "ready", "stopping"]);
@@ -403,20 +403,6 @@ function exitCodeText(code) {
     return `${code} (killed by signal ${n}${SIGNALS[n] ? `, ${SIGNALS[n]}` : ""})`;
   }
   return String(code);
-}
-
-function sleep(ms, signal) {
-  return new Promise((resolve) => {
-    const stop = () => {
-      clearTimeout(timer);
-      resolve();
-    };
-    const timer = setTimeout(() => {
-      signal.removeEventListener("abort", stop);
-      resolve();
-    }, ms);
-    signal.addEventListener("abort", stop, { once: true });
-  });
 }
 
 function sentence(text) {
