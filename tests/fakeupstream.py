@@ -30,6 +30,9 @@ cut to the request's max tokens (finish reason ``length``); a prompt counts one 
 Knobs (set from the test thread; read by the handlers as they run):
 
     first_chunk_pause   seconds between a stream's first chunk and the rest (0: none)
+    hold_after_first    a `threading.Event`: a stream sends the rest only once it is set (at most
+                        HOLD_MAX_S later), so a test proves that chunk 1 arrived before chunk 2 was
+                        sent by setting it when chunk 1 is in (None: no hold)
     word_interval       seconds between the streamed pieces (0: none)
     reasoning           a streamed chat completion first sends this, word by word, as
                         ``delta.reasoning`` (as vLLM 0.32 with a reasoning parser), then the reply as
@@ -72,6 +75,7 @@ from tornado.iostream import IOStream, StreamClosedError
 from tools import vllm_shapes as shapes
 
 MODEL = "tiny"
+HOLD_MAX_S = 60.0  # `hold_after_first` never holds a stream longer than this
 _MAX_BODY = 64 * 1024 * 1024
 _ROUTES = {
     "/health": ("GET",),
@@ -290,6 +294,11 @@ class _Handler(tornado.web.RequestHandler):
             return
         if fake.first_chunk_pause:
             await asyncio.sleep(fake.first_chunk_pause)
+        hold = fake.hold_after_first
+        if hold is not None:
+            deadline = time.monotonic() + HOLD_MAX_S
+            while not hold.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
         pieces: list[Any] = []
         if isinstance(stream, shapes.ChatStream):
             pieces += [(stream.reasoning, w) for w in (_split_words(reasoning) if reasoning else [])]
@@ -482,6 +491,7 @@ class FakeUpstream:
 
     def reset(self) -> None:
         self.first_chunk_pause = 0.0
+        self.hold_after_first: threading.Event | None = None
         self.word_interval = 0.0
         self.reasoning = ""
         self.endless = False

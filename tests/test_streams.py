@@ -255,7 +255,8 @@ def test_a_replay_reader_that_falls_behind_gets_an_error_event_not_a_clean_end(
     so, or the client takes a stream with a hole in it for the whole answer."""
     _, key = fake.create_key("inference")
     upstream.reply = " ".join([WORD] * 256)  # ~17 MB: more than the buffer plus the socket buffers
-    upstream.first_chunk_pause = 2.0  # time to connect the reader before the bulk comes
+    released = threading.Event()  # the bulk comes once the reader follows the session
+    upstream.hold_after_first = released
     url = fake.base_url + "/v1/chat/completions"
     whole: list[int] = []
 
@@ -285,6 +286,7 @@ def test_a_replay_reader_that_falls_behind_gets_an_error_event_not_a_clean_end(
         )
         first = reader.recv(1024)  # the answer has started: the replay is following the session
         assert first.startswith(b"HTTP/1.1 200"), first
+        released.set()
 
         def done() -> bool:
             lookup = client.post(
