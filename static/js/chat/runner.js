@@ -8,8 +8,9 @@
 // The message record ({content, reasoning, offset, status, ...}, store.js) is changed in place, its
 // text and offset together at each complete SSE event, and saved at most 250 ms apart and at the end.
 
-import { GatewayError, applyChunk, openCompletion, openReplay, readEvents, stopStream } from "./stream.js";
+import { readEvents } from "../http.js";
 import { putMessage } from "./store.js";
+import { GatewayError, applyChunk, openCompletion, openReplay, stopStream } from "./stream.js";
 
 const SAVE_MS = 250;
 const RECONNECT_MS = [500, 1500, 3000]; // after a drop: pauses before each try to reach the replay
@@ -102,16 +103,17 @@ export class Runner {
         this.responded = true;
         const base = m.offset || 0;
         let outcome = null;
-        await readEvents(response, (data, consumed) => {
+        // `end` counts the bytes of this response through the event: the offset to resume from.
+        await readEvents(response, ({ data, end }) => {
           const result = applyChunk(m, data);
-          m.offset = base + consumed;
+          m.offset = base + end;
           if (result) {
             outcome = result;
             return true;
           }
           this.#changed();
           return false;
-        });
+        }, { keepRequest: true });
         if (outcome === "done") return this.#finish("done");
         if (outcome instanceof Error) return this.#finish("error", outcome.message);
         if (this.stopping) return this.#stopped();

@@ -1,15 +1,18 @@
-// The chat's client for the inference gateway (/v1), separate from api.js (which speaks to /api
-// with the admin credential): every call here sends `Authorization: Bearer <inference key>`.
+// The chat's client for the inference gateway (/v1), beside api.js (which speaks to /api with the
+// admin credential); both go through http.js (the one fetch wrapper and SSE reader). Every call
+// here sends `Authorization: Bearer <inference key>`.
 //
 // - `v1(method, path, body, {key, signal})`: a JSON call (GET /v1/models, POST /v1/streams/lookup,
 //   DELETE /v1/stream); throws GatewayError for a non-2xx answer.
 // - `openCompletion(...)` / `openReplay(...)`: POST /v1/chat/completions with `stream: true` and
 //   `X-Conversation-Id`, or GET /v1/stream?conv_id=&from=<byte offset> (docs/gateway.md); both
-//   resolve to the Response once its headers say 2xx.
-// - `readEvents(response, onEvent)`: reads the body as bytes and calls `onEvent(data, end)` for each
-//   complete SSE event, `end` being the byte count consumed so far (the offset to resume from: it
-//   only ever advances at an event boundary, "\n\n").
+//   resolve to the Response once its headers say 2xx. Its body is read with http.js's
+//   `readEvents()`, whose `end` (bytes consumed, at event boundaries only) is the offset to
+//   resume from.
 // - `applyChunk(message, data)`: folds one `data:` payload into a message record.
+// A 401 from /v1 is the chat's own business (its key was refused): it never signs the console out.
+
+import { UNREACHABLE, send } from "../http.js";
 
 export class GatewayError extends Error {
   constructor(status, message, code = "") {
@@ -43,67 +46,35 @@ async function failure(response) {
   return new GatewayError(response.status, text);
 }
 
-function unreachable(err) {
-  if (err && err.name === "AbortError") return err;
-  const wrapped = new GatewayError(0, "The server is not answering. Check that vllm-use is running.", "unreachable");
+// A fetch that failed: the server cannot be reached (Runner retries these).
+function unreachable() {
+  const wrapped = new GatewayError(0, UNREACHABLE, "unreachable");
   wrapped.network = true;
   return wrapped;
 }
 
+const gateway = (path, options) => send(`/v1${path}`, { ...options, unreachable, failure });
+
 export async function v1(method, path, body, { key, signal } = {}) {
-  const headers = { Accept: "application/json", Authorization: `Bearer ${key}` };
-  const init = { method, headers, signal, cache: "no-store" };
-  if (body !== undefined) {
-    headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body);
-  }
-  let response;
-  try {
-    response = await fetch(`/v1${path}`, init);
-  } catch (err) {
-    throw unreachable(err);
-  }
-  if (!response.ok) throw await failure(response);
+  const response = await gateway(path, { method, credential: key, body, signal });
   if (response.status === 204) return null;
   return response.json();
 }
 
-export async function openCompletion({ key, conversationId, body, signal }) {
-  let response;
-  try {
-    response = await fetch("/v1/chat/completions", {
-      method: "POST",
-      headers: {
-        Authorization: `Bearer ${key}`,
-        "Content-Type": "application/json",
-        Accept: "text/event-stream",
-        "X-Conversation-Id": conversationId,
-      },
-      body: JSON.stringify({ ...body, stream: true }),
-      signal,
-      cache: "no-store",
-    });
-  } catch (err) {
-    throw unreachable(err);
-  }
-  if (!response.ok) throw await failure(response);
-  return response;
+export function openCompletion({ key, conversationId, body, signal }) {
+  return gateway("/chat/completions", {
+    method: "POST",
+    credential: key,
+    accept: "text/event-stream",
+    headers: { "X-Conversation-Id": conversationId },
+    body: { ...body, stream: true },
+    signal,
+  });
 }
 
-export async function openReplay({ key, conversationId, from, signal }) {
-  const query = new URLSearchParams({ conv_id: conversationId, from: String(from) });
-  let response;
-  try {
-    response = await fetch(`/v1/stream?${query}`, {
-      headers: { Authorization: `Bearer ${key}`, Accept: "text/event-stream" },
-      signal,
-      cache: "no-store",
-    });
-  } catch (err) {
-    throw unreachable(err);
-  }
-  if (!response.ok) throw await failure(response);
-  return response;
+export function openReplay({ key, conversationId, from, signal }) {
+  return gateway("/stream", { credential: key, accept: "text/event-stream", query: { conv_id: conversationId, from },
+    signal });
 }
 
 // Stop a generation (idempotent on the server).
@@ -119,60 +90,6 @@ export async function lookupStreams(key, ids, signal) {
     for (const session of sessions || []) found.set(session.conversation_id, session);
   }
   return found;
-}
-
-// --- SSE over bytes ---------------------------------------------------------------------------------
-
-// Index just past the first event separator ("\n\n" or "\r\n\r\n") in `bytes`, or -1.
-function eventEnd(bytes, from) {
-  for (let i = Math.max(0, from); i < bytes.length - 1; i += 1) {
-    if (bytes[i] !== 10) continue;
-    if (bytes[i + 1] === 10) return i + 2;
-    if (bytes[i + 1] === 13 && bytes[i + 2] === 10) return i + 3; // "\n\r\n" (CRLF lines)
-  }
-  return -1;
-}
-
-// Reads `response.body` to its end. `onEvent(data, consumed)` gets each event's `data:` lines joined
-// (or null for an event without data) and the number of bytes consumed through the end of that
-// event, counted from the start of this response; once it returns true, later events are ignored
-// but the body is still read to its end (cancelling it would show as a failed request).
-export async function readEvents(response, onEvent) {
-  // Chromium cancels a fetch whose body a reader drains before the request has completed
-  // (DevTools shows "(canceled)", net::ERR_ABORTED, and the connection may be closed). A clone
-  // read with text() keeps the request alive until it completes; its copy is dropped.
-  const keeper = response.clone().text().catch(() => "");
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let pending = new Uint8Array(0);
-  let consumed = 0;
-  let finished = false;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) {
-      await keeper;
-      return finished;
-    }
-    if (finished || !value || !value.length) continue;
-    const joined = new Uint8Array(pending.length + value.length);
-    joined.set(pending, 0);
-    joined.set(value, pending.length);
-    pending = joined;
-    let start = 0;
-    let end;
-    while (!finished && (end = eventEnd(pending, start)) >= 0) {
-      // A whole event: its bytes decode on their own (a character split across reads is whole here).
-      const text = decoder.decode(pending.subarray(start, end));
-      consumed += end - start;
-      start = end;
-      const data = [];
-      for (const line of text.split(/\r?\n/)) {
-        if (line.startsWith("data:")) data.push(line.slice(line.startsWith("data: ") ? 6 : 5));
-      }
-      if (onEvent(data.length ? data.join("\n") : null, consumed) === true) finished = true;
-    }
-    pending = pending.slice(start);
-  }
 }
 
 // Fold one event's data into `message` ({content, reasoning, tokens, firstTokenAt, usageTokens,

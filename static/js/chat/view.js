@@ -5,9 +5,10 @@
 // Regenerate); a branch switcher where the message has siblings.
 //
 // `messageItem(message, actions)` builds the element; `updateItem(item, message)` refreshes it in
-// place while it streams (the <details> keeps its open/closed state).
+// place while it streams (the <details> keeps its open/closed state); `editMessage(item, message,
+// onSave)` puts a prompt's edit form ("Edit message", "Save and send", "Cancel") in its place.
 
-import { h } from "../ui.js";
+import { errorSlot, field, h, showError } from "../ui.js";
 import { renderMarkdown } from "./markdown.js";
 
 const seconds = (ms) => `${(ms / 1000).toFixed(2)} s`;
@@ -85,4 +86,51 @@ export function updateItem(item, m) {
   const finished = m.role === "assistant" && (m.status === "done" || m.status === "stopped") && m.startedAt;
   parts.stats.hidden = !finished;
   parts.stats.textContent = finished ? statsText(m) : "";
+}
+
+// Edits a user message in place: a textarea "Edit message" over its body and footer (Escape
+// cancels, Ctrl/Cmd+Enter saves). `onSave(text)` sends the edit as a new branch and resolves to
+// true when the form should close although the thread was not redrawn (the send failed).
+export function editMessage(item, message, onSave) {
+  if (item.querySelector(".edit-form")) return;
+  const area = h("textarea", { name: "edit", rows: 3 });
+  area.value = message.content;
+  const error = errorSlot();
+  const body = item.querySelector(".message-body");
+  const foot = item.querySelector(".message-foot");
+  const close = () => {
+    form.remove();
+    body.hidden = false;
+    foot.hidden = false;
+    const edit = foot.querySelector("button");
+    if (edit) edit.focus();
+  };
+  const form = h("form.edit-form", { novalidate: true },
+    field("Edit message", area),
+    h("div.actions",
+      h("button.button.small.primary", { type: "submit" }, "Save and send"),
+      h("button.button.small", { type: "button", onclick: close }, "Cancel")),
+    error);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!area.value.trim()) {
+      showError(error, "The message is empty.");
+      area.focus();
+      return;
+    }
+    if (await onSave(area.value)) close();
+  });
+  area.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") {
+      event.preventDefault();
+      close();
+    } else if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      form.requestSubmit();
+    }
+  });
+  body.hidden = true;
+  foot.hidden = true;
+  body.after(form);
+  area.focus();
 }
