@@ -1,4 +1,5 @@
-"""The admin HTTP surface `/api`: the S3.0 route table, one generic handler, methods, OpenAPI.
+"""The admin HTTP surface `/api`: the route table (docs/api_methods.md), one generic handler, methods,
+OpenAPI.
 
 Routes are data: each `Route` maps a verb and a path to a registry method and
 says where its arguments come from (path, declared query parameters, a JSON

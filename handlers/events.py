@@ -1,4 +1,5 @@
-"""Server-Sent Events for the console: downloads (S4.2) and the runtime (docs/runtime.md).
+"""Server-Sent Events for the console: downloads (docs/models-and-downloads.md) and the runtime
+(docs/runtime.md).
 
 Not registry methods, and not MCP tools: streams for the console. Each needs
 `admin.read` (checked with the same `Identity.may_call` the executor uses),

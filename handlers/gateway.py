@@ -1,4 +1,4 @@
-"""The inference gateway `/v1/*` (S5): authenticated, streaming, cancellable, audited.
+"""The inference gateway `/v1/*` (docs/gateway.md): authenticated, streaming, cancellable, audited.
 
 Per request: auth (one Bearer key with `inference`; on `/v1/messages*` one
 `X-API-Key` instead) before the body is read → the body, capped at 16 MiB
@@ -372,7 +372,8 @@ class GatewayHandler(JsonHandler):
 @tornado.web.stream_request_body
 class StreamHandler(GatewayHandler):
     """`GET /v1/stream?conv_id=&from=` (replay then follow), `DELETE /v1/stream?conv_id=` (stop),
-    `POST /v1/streams/lookup {"conversation_ids": [...]}` (S5.1). Sessions belong to their key."""
+    `POST /v1/streams/lookup {"conversation_ids": [...]}` (docs/gateway.md, "Resumable streams").
+    Sessions belong to their key."""
 
     def _session_id(self) -> str:
         raw = self.get_query_argument("conv_id", None)

@@ -1,4 +1,5 @@
-"""The MCP endpoint `POST /mcp` (S3.2): revision 2026-07-28, stateless Streamable HTTP, JSON responses.
+"""The MCP endpoint `POST /mcp` (docs/mcp.md): revision 2026-07-28, stateless Streamable HTTP, JSON
+responses.
 
 One POST carries one JSON-RPC request (or notification); there is no
 `initialize` handshake and no session. Checks run in this order and the first

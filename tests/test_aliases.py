@@ -1,4 +1,5 @@
-"""Model aliases (S5): only the top-level `model` value changes; every other byte is kept as sent."""
+"""Model aliases (docs/gateway.md): only the top-level `model` value changes; every other byte is kept
+as sent."""
 
 from __future__ import annotations
 
@@ -216,9 +217,10 @@ def python_lines(fn: Any, *args: Any) -> tuple[Any, int]:
 
 
 def test_rewriting_a_16_mib_prompt_does_not_walk_its_bytes_in_python() -> None:
-    # It runs on the IOLoop (S0): a 16 MiB body (S5.2) must cost what parsing it in C costs, not a
-    # Python loop per byte (which takes most of a second and stalls every other request). Counted
-    # in Python lines, not seconds: the scan may turn once per WINDOW characters, never per byte.
+    # It runs on the IOLoop, which nothing may hold for more than ~1 ms (docs/architecture.md): a 16 MiB
+    # body (the /v1 limit, docs/gateway.md) must cost what parsing it in C costs, not a Python loop per
+    # byte (which takes most of a second and stalls every other request). Counted in Python lines, not
+    # seconds: the scan may turn once per WINDOW characters, never per byte.
     size = 16 * 1024 * 1024
     body = b'{"model":"fast","messages":[{"role":"user","content":"' + b"x" * (size - 64) + b'"}]}'
     (out, sent, *_), lines = python_lines(prepare_body, body, ALIASES)

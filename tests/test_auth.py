@@ -1,4 +1,5 @@
-"""The auth matrix (S3.1): malformed or foreign credentials are refused and nothing runs."""
+"""The auth matrix (docs/auth.md, "The header"; docs/security.md): malformed or foreign credentials are
+refused and nothing runs."""
 
 from __future__ import annotations
 

@@ -13,9 +13,10 @@ import pytest
 from vllm_use import auth as auth_mod
 from vllm_use import keys
 from vllm_use.auth import Authenticator, parse_bearer
+from vllm_use.clock import now_ms
 from vllm_use.errors import Unauthenticated
 from vllm_use.scopes import Surface
-from vllm_use.storage import ApiKey, Database, now_ms
+from vllm_use.storage import ApiKey, Database
 
 ADMIN = "unit-admin-token-0123456789"
 

@@ -1,4 +1,5 @@
-"""Configuration (S1): flag > env > default, and every bad value stops the start before listening.
+"""Configuration (docs/architecture.md, "Start-up and shutdown"): flag > env > default, and every bad
+value stops the start before listening.
 
 The refusals run the real `vllm-use serve` child; the exact bounds (n passes, n+1 fails) are checked
 through `config.load`, the same function the CLI calls, so no server is needed for them.
@@ -433,3 +434,11 @@ def test_operator_switches_are_off_by_default_and_take_no_value(flag: str) -> No
     assert getattr(parse(environ={env: "true"}), attr) is True
     assert getattr(parse(environ={env: "0"}), attr) is False
     assert refusal(environ={env: "maybe"}).option == env
+
+
+@pytest.mark.parametrize("char", ["\x01", "\x1f", "\x7f", "\x80", "\x9f"])
+def test_a_text_option_with_a_control_character_is_refused(tmp_path: Path, char: str) -> None:
+    """C0, DEL and C1 alike (vllm_use/fields.py): a path that would print as something else."""
+    data_dir = str(tmp_path / f"data{char}dir")
+    assert refusal("--data-dir", data_dir).option == "--data-dir"
+    assert parse("--data-dir", str(tmp_path / "data\xa0dir")).data_dir.name == "data\xa0dir"  # NBSP is text

@@ -1,4 +1,5 @@
-"""Downloads end to end (S4.2): a real `vllm-use serve` drives the real `hf` CLI against `FakeHub`.
+"""Downloads end to end (docs/models-and-downloads.md): a real `vllm-use serve` drives the real `hf` CLI
+against `FakeHub`.
 
 Every test starts its own server with `--hf-bin` set to this venv's `hf` and `HF_ENDPOINT` pointing at a
 fake hub, so nothing reaches the internet. Processes are observed through /proc: the `hf` child is

@@ -1,4 +1,4 @@
-"""The console's event streams: downloads (S4.2) and the runtime (docs/runtime.md).
+"""The console's event streams: downloads (docs/models-and-downloads.md) and the runtime (docs/runtime.md).
 
 Both send the current state first, then each change, heartbeats while nothing happens, need
 admin.read, and end cleanly when the client leaves or the server shuts down.

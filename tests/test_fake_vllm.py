@@ -1,4 +1,4 @@
-"""`tools/fake_vllm.py` behaves like the real CPU vLLM as recorded in `shared/notes/real-vllm-on-cpu.md`.
+"""`tools/fake_vllm.py` behaves like the real CPU vLLM as recorded in docs/vllm-facts.md.
 
 The supervisor's unit tests rely on this fake, so these tests pin the behaviours that matter to it: the
 version line, a closed port while loading (connection refused, not 503), `/health` 200 once ready, OpenAI
@@ -237,7 +237,7 @@ def test_sigterm_exits_0_and_takes_the_children_along(
     fake.wait_ready()
     children = [c["pid"] for c in fake.rec()["children"]]
     assert len(children) == 2 and all(alive(pid) for pid in children)
-    fake.proc.send_signal(signal.SIGTERM)  # the main pid only, as in the notes
+    fake.proc.send_signal(signal.SIGTERM)  # the main pid only, as in docs/vllm-facts.md
     assert fake.proc.wait(3) == 0
     assert "Shutting down" in fake.text()
     assert not any(alive(pid) for pid in children)

@@ -1,4 +1,5 @@
-"""Filesystem safety of the data dir and secret files (S2, S3.1)."""
+"""Filesystem safety of the data dir and secret files (docs/architecture.md, "Storage"; docs/auth.md,
+"The admin token")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The inference gateway `/v1` (S5, S5.2, S5.3): SDKs end to end, streaming, cancellation, auth, limits, audit.
+"""The inference gateway `/v1` (docs/gateway.md): SDKs end to end, streaming, cancellation, auth, limits,
+audit.
 
 Everything runs against `tests/fakeupstream.py`, a fake vLLM that records what it receives, so each
 test can say what reached the upstream (and that nothing did, for a refused request).

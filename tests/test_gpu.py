@@ -1,4 +1,5 @@
-"""gpu.list (S4.4): NVML missing → "missing"; another NVML failure → an error; a GPU → its numbers.
+"""gpu.list (docs/architecture.md, "Honest reports"): NVML missing → "missing"; another NVML failure →
+an error; a GPU → its numbers.
 
 This machine has no NVIDIA driver, so the GPU-present path uses a stand-in for the few NVML
 calls we make (the real library is absent here), shaped like pynvml's own return values.

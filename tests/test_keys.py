@@ -1,4 +1,5 @@
-"""API keys (S4.5): format, one-time secret, enable/disable/delete taking effect at once, corrupt rows."""
+"""API keys (docs/auth.md): format, one-time secret, enable/disable/delete taking effect at once, corrupt
+rows."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`LogBuffer` and `cut_utf8` (S4.2, S4.3, S5.2): lines ≤ 64 KiB cut on a UTF-8 boundary, ≤ 4 MiB in all,
-oldest lines dropped first, a child's output fed in raw chunks as it comes off the pipe."""
+"""`LogBuffer` and `cut_utf8` (docs/security.md, "Children"): lines ≤ 64 KiB cut on a UTF-8 boundary,
+≤ 4 MiB in all, oldest lines dropped first, a child's output fed in raw chunks as it comes off the pipe."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`POST /mcp` (S3.2) against a real server child: the official MCP client, then the wire rules by hand."""
+"""`POST /mcp` (docs/mcp.md) against a real server child: the official MCP client, then the wire rules
+by hand."""
 
 from __future__ import annotations
 

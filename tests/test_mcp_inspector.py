@@ -1,4 +1,5 @@
-"""The MCP Inspector CLI (the TypeScript SDK's client) against a running server: S3.2 acceptance.
+"""The MCP Inspector CLI (the TypeScript SDK's client) against a running server: interoperability
+(docs/mcp.md).
 
 The Inspector is pinned in `tools/package.json` + `tools/package-lock.json` and
 installed with `npm ci --prefix tools --ignore-scripts`; these tests fail, not

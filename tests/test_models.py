@@ -1,4 +1,5 @@
-"""Models (S4.1): registration rules, scan, crash-safe delete and start-up reconciliation."""
+"""Models (docs/models-and-downloads.md): registration rules, scan, crash-safe delete and start-up
+reconciliation."""
 
 from __future__ import annotations
 

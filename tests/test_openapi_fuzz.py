@@ -1,4 +1,5 @@
-"""`/api/openapi.json` is accurate enough to drive a fuzzer (S3), and /api survives the fuzzer.
+"""`/api/openapi.json` is accurate enough to drive a fuzzer (docs/architecture.md), and /api survives the
+fuzzer.
 
 Schemathesis runs as its CLI (`st run`) in a subprocess against a real `vllm-use serve` child:
 one command runs every phase (explicit examples, the coverage phase's boundary and negative

@@ -45,7 +45,7 @@ async def test_every_route_refuses_requests_without_credentials(app, http_client
             assert r.code in (401, 405), (verb, path, r.code)
             if r.code == 401:
                 checked += 1
-    # every S3.0 route was reached, plus /api/methods, /api/openapi.json and /mcp
+    # every /api route (docs/api_methods.md) was reached, plus /api/methods, /api/openapi.json and /mcp
     assert checked >= len(ROUTES) + 3
 
 

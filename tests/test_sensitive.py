@@ -1,4 +1,4 @@
-"""Which settings keys count as credentials (S4.6)."""
+"""Which settings keys count as credentials (docs/security.md, "Secrets")."""
 
 from __future__ import annotations
 

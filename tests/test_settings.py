@@ -1,4 +1,5 @@
-"""Settings (S4.6): sensitive keys refused and purged, all-or-nothing updates, bounds at n and n+1."""
+"""Settings (docs/security.md, "Secrets"): sensitive keys refused and purged, all-or-nothing updates,
+bounds at n and n+1."""
 
 from __future__ import annotations
 

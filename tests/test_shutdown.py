@@ -1,4 +1,5 @@
-"""Shutdown (S1): SIGTERM/SIGINT stop the server promptly with exit 0, persisting what it held.
+"""Shutdown (docs/architecture.md, "Start-up and shutdown"): SIGTERM/SIGINT stop the server promptly
+with exit 0, persisting what it held.
 
 Promptly by cause, not by a clock: the one wait a shutdown may make is `SHUTDOWN_GRACE_S` for open
 connections, and it logs "did not close within" when it waits that out; a prompt shutdown is one

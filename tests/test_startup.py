@@ -1,4 +1,5 @@
-"""Start-up safety of the real `vllm-use serve` (S2, S3.1): what it refuses, tightens and creates.
+"""Start-up safety of the real `vllm-use serve` (docs/architecture.md, "Start-up and shutdown" and
+"Storage"; docs/auth.md, "The admin token"): what it refuses, tightens and creates.
 
 tests/test_fsafety.py and tests/test_storage.py cover the functions one by one; these tests check
 that a start wires them in: the refusal reaches the operator as exit status 2 with a message naming

@@ -1,4 +1,5 @@
-"""The SQLite file: safety checks, migrations, WAL, the sensitive-settings purge (S2, S4.6)."""
+"""The SQLite file: safety checks, migrations, WAL, the sensitive-settings purge (docs/architecture.md,
+"Storage"; docs/security.md, "Secrets")."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import peewee
 import pytest
 
 from vllm_use import storage
+from vllm_use.clock import now_ms
 from vllm_use.errors import ConfigError
-from vllm_use.storage import Database, Setting, now_ms
+from vllm_use.storage import Database, Setting
 
 SENSITIVE_KEYS = [
     "token",

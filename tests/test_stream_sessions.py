@@ -1,4 +1,4 @@
-"""Stream sessions and their registry (S5.1, S5.2): a 4 MiB buffer of the raw SSE bytes addressed by
+"""Stream sessions and their registry (docs/gateway.md): a 4 MiB buffer of the raw SSE bytes addressed by
 absolute offsets, readers that replay then follow without spinning, ownership by API key, one live
 session per conversation id, TTL gc, a bounded number of sessions, per-key caps on live and kept
 sessions, a byte budget over all buffers, and revocation of a key's sessions."""

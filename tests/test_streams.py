@@ -1,4 +1,4 @@
-"""Resumable streams over HTTP (S5.1): attach, survive a disconnect, replay, stop, look up; a replay
+"""Resumable streams over HTTP: attach, survive a disconnect, replay, stop, look up; a replay
 that falls behind ends with an error event; per-key caps on live and kept sessions (docs/gateway.md)."""
 
 from __future__ import annotations

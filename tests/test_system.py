@@ -1,5 +1,5 @@
-"""system.get (S4.4): tools found, missing or broken are reported as they are; children get no secrets,
-run in `/`, and a burst of calls starts one probe per tool."""
+"""system.get (docs/architecture.md, "Honest reports"): tools found, missing or broken are reported as
+they are; children get no secrets, run in `/`, and a burst of calls starts one probe per tool."""
 
 from __future__ import annotations
 

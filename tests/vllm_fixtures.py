@@ -19,7 +19,7 @@ test's `real_vllm` argument does not shadow an import):
   vllm-use that waits for its outcome (`?wait=`), with deadlines taken from the start timeout and
   the supervisor's own bounds, never a client default.
 
-Facts these rely on (shared/notes/real-vllm-on-cpu.md, measured again here): the port stays closed
+Facts these rely on (docs/vllm-facts.md, measured again here): the port stays closed
 while the model loads (connection refused, not 503); vLLM runs four processes (API server, a
 multiprocessing resource tracker, `VLLM::EngineCore`, `VLLM::Worker`), none of which calls
 setsid/setpgid, so one process group holds them all; a SIGKILL of the main pid alone orphans

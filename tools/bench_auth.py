@@ -1,4 +1,5 @@
-"""Benchmark of API-key authentication (S3.1, S4.5) and of the IOLoop while scrypt runs (S0).
+"""Benchmark of API-key authentication (docs/auth.md) and of the IOLoop while scrypt runs
+(docs/architecture.md, "Threads and the event loop").
 
 Not a test: it prints numbers, compared against targets, for docs/performance.md. One run measures:
 
@@ -49,7 +50,8 @@ sys.path.insert(0, str(REPO))
 from tests.conftest import ADMIN_TOKEN, start_server  # noqa: E402
 from vllm_use import keys  # noqa: E402
 from vllm_use.auth import Authenticator  # noqa: E402
-from vllm_use.storage import ApiKey, Database, now_ms  # noqa: E402
+from vllm_use.clock import now_ms  # noqa: E402
+from vllm_use.storage import ApiKey, Database  # noqa: E402
 
 REPEAT_TARGET_MS = 0.1
 HEALTHZ_P99_TARGET_MS = 5.0

@@ -1,4 +1,5 @@
-"""Benchmark of the inference gateway `/v1/*` (S5) against a fast fake upstream (issue 5, Performance).
+"""Benchmark of the inference gateway `/v1/*` (docs/gateway.md) against a fast fake upstream (issue 5,
+Performance).
 
 Not a test: it prints numbers, compared against targets, for docs/performance.md. One run starts
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fast, stdlib-only stand-in for the `vllm` executable, for the runtime supervisor's unit tests.
 
-It mimics what the real vLLM 0.32 (CPU build) does, as measured in `shared/notes/real-vllm-on-cpu.md`:
+It mimics what the real vLLM 0.32 (CPU build) does, as measured in docs/vllm-facts.md:
 
 - `vllm --version` prints the version (`0.32.0+fake`) and exits 0.
 - `vllm serve MODEL [flags]` parses the serve flags (unknown `--flag [value…]` are recorded, not rejected,

@@ -6,8 +6,8 @@
 # Idempotent: a stamp file in the venv records the version; when it matches, this exits 0 at once.
 # Needs only PyPI plus the machine's local wheel store, where pip finds torch 2.13.0+cpu (that
 # build is not on PyPI). Uses pip, not uv: uv does not look in the local wheel store and would
-# download a CUDA torch of several GB. See shared/notes/real-vllm-on-cpu.md for the facts behind
-# the three fixes below.
+# download a CUDA torch of several GB. See docs/vllm-facts.md ("Installing the CPU build") for the
+# facts behind the three fixes below.
 set -euo pipefail
 
 VLLM_VERSION=0.32.0

@@ -6,7 +6,7 @@ every body, SSE event and error here; each decides only what its "engine" genera
 sends the bytes. Stdlib only and no I/O: `fake_vllm.py` runs as a bare executable and imports this
 file from its own directory, the tests import it as `tools.vllm_shapes` (tools/ is not packaged).
 
-Measured on the real vLLM 0.32.0+cpu serving a tiny Llama (shared/notes/real-vllm-on-cpu.md), and
+Measured on the real vLLM 0.32.0+cpu serving a tiny Llama (docs/vllm-facts.md), and
 compared again, request for request, by tests/test_fakes_match_vllm.py:
 
 - **Model.** A request without `model` (or `""`, or null) is served by the first served model name;

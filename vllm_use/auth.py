@@ -1,4 +1,4 @@
-"""Authentication (S3.1, S4.5): the Bearer header, the admin token, and API keys.
+"""Authentication: the Bearer header, the admin token, and API keys.
 
 Design (docs/auth.md has the long form):
 
@@ -48,9 +48,10 @@ from typing import Any
 from cryptography.hazmat.primitives import constant_time
 
 from vllm_use import keys
+from vllm_use.clock import now_ms
 from vllm_use.errors import CorruptRecord, TooManyRequests, Unauthenticated
 from vllm_use.scopes import ADMIN_TOKEN_IDENTITY, Identity, Surface
-from vllm_use.storage import Database, now_ms
+from vllm_use.storage import Database
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # The event loop shares the GIL with the DB thread and the executor's threads. Python's
     # default 5 ms switch interval lets one of them hold the loop off for up to 5 ms whenever it
-    # runs Python code; 1 ms keeps the loop's tail latency (S5, /healthz under load) low.
+    # runs Python code; 1 ms keeps the loop's tail latency (/healthz under load) low (docs/performance.md).
     sys.setswitchinterval(0.001)
     try:
         return asyncio.run(app_mod.run(context))

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vllm_use.errors import ConfigError
+from vllm_use.fields import has_control
 
 ENV_PREFIX = "VLLM_USE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -250,7 +251,7 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Con
 
     def text(name: str, *, max_len: int = 4096) -> str:
         value = str(raw[name][1])
-        if len(value) > max_len or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        if len(value) > max_len or has_control(value):
             raise ConfigError(
                 opt_label(name), f"must be at most {max_len} characters without control characters"
             )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from vllm_use.config import Config
 from vllm_use.errors import UpstreamUnavailable
 from vllm_use.lifecycle import Lifecycle
+from vllm_use.runtime.supervisor import RuntimeState
 from vllm_use.scopes import Identity, Surface
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class AppContext:
         if self.config.upstream_explicit:
             return self.config.upstream, self.config.upstream_api_key
         child = self.runtime.child
-        if child is None or self.runtime.state != "ready":
+        if child is None or self.runtime.state is not RuntimeState.READY:
             raise UpstreamUnavailable(
                 f"no model is running: start one with runtime.switch (the runtime is {self.runtime.state})"
             )

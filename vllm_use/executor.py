@@ -1,4 +1,4 @@
-"""The executor: the one path every call takes (S3).
+"""The executor: the one path every call takes (docs/architecture.md).
 
 lookup → scope check (fail closed) → argument validation → execute → one log
 line. REST and MCP adapters translate their transport into `Executor.call` and

@@ -1,7 +1,8 @@
 """Filesystem safety for the paths vllm-use owns: the data dir, the SQLite file, the admin token.
 
-Everything here is synchronous and runs at start-up, before the listener opens (S2, S3.1), so a
-refusal becomes a `ConfigError` naming the option and the process exits without serving.
+Everything here is synchronous and runs at start-up, before the listener opens (docs/architecture.md,
+"Storage"; docs/auth.md, "The admin token"), so a refusal becomes a `ConfigError` naming the option
+and the process exits without serving.
 
 The rules, and why:
 - Never follow a symlink we are about to trust or chmod. Each path is `lstat`-ed, then opened

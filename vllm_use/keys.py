@@ -1,4 +1,4 @@
-"""API key material and records (S4.5): generation, scrypt hashing, row validation.
+"""API key material and records (docs/auth.md, "API keys"): generation, scrypt hashing, row validation.
 
 Secrets are `vu_` + 48 alphanumerics, ids 24 alphanumerics, both sampled
 without bias (`secrets.choice`). Only a salt and an scrypt hash are stored;
@@ -14,18 +14,18 @@ import re
 import secrets
 import string
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.hazmat.primitives import constant_time
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
+from vllm_use.clock import iso
 from vllm_use.errors import CorruptRecord, InvalidArguments
+from vllm_use.fields import KEY_ID_RE, has_control
 from vllm_use.scopes import ALL_SCOPES, Scope
 
 ALPHANUM = string.ascii_letters + string.digits
 SECRET_RE = re.compile(r"vu_[A-Za-z0-9]{48}")
-ID_RE = re.compile(r"[A-Za-z0-9]{24}")
 PREFIX_LEN = 11  # "vu_" + 8 characters: enough to find the row, too little to matter
 NAME_MAX_BYTES = 128
 # scrypt cost: ~40 ms and 16 MiB per derivation on this class of CPU; runs in an executor.
@@ -56,34 +56,18 @@ def cache_digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode("ascii")).digest()
 
 
-def validate_key_id(value: str) -> str:
-    """Refuse a malformed id before any query."""
-    if not isinstance(value, str) or not ID_RE.fullmatch(value):
-        raise InvalidArguments(
-            "key id must be 24 letters or digits",
-            errors=[{"loc": ["id"], "msg": "must match ^[A-Za-z0-9]{24}$"}],
-        )
-    return value
-
-
 def validate_name(value: str) -> str:
     if len(value.encode("utf-8")) > NAME_MAX_BYTES or not value.strip():
         raise InvalidArguments(
             f"name must be 1 to {NAME_MAX_BYTES} bytes and not blank",
             errors=[{"loc": ["name"], "msg": f"1 to {NAME_MAX_BYTES} UTF-8 bytes"}],
         )
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+    if has_control(value):
         raise InvalidArguments(
             "name must not contain control characters",
             errors=[{"loc": ["name"], "msg": "control characters are not allowed"}],
         )
     return value
-
-
-def iso(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -116,7 +100,7 @@ class KeyRecord:
 def parse_row(row: dict[str, Any]) -> KeyRecord:
     """Validate every field of an api_keys row read from SQLite; raise CorruptRecord naming it."""
     raw_id = row.get("id")
-    label = raw_id if isinstance(raw_id, str) and ID_RE.fullmatch(raw_id) else "<malformed id>"
+    label = raw_id if isinstance(raw_id, str) and KEY_ID_RE.fullmatch(raw_id) else "<malformed id>"
 
     def bad(why: str) -> CorruptRecord:
         return CorruptRecord(f"api key record {label} is corrupt: {why}", record=label)

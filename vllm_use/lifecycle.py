@@ -1,4 +1,5 @@
-"""The lifecycle lock shared by `models.delete` and the runtime's start/stop/restart/switch (S4.1).
+"""The lifecycle lock shared by `models.delete` and the runtime's start/stop/restart/switch
+(docs/runtime.md, "Commands"; docs/models-and-downloads.md, "Deleting").
 
 Whoever changes what runs, or deletes what could run, holds `lock`. The runtime
 registers a `running` check (by model id, or by real path for a directly started

@@ -1,4 +1,4 @@
-"""Bounded, line-oriented logs of a child process (S4.2, S4.3, S5.2).
+"""Bounded, line-oriented logs of a child process (docs/security.md, "Children").
 
 Each line is cut to `LINE_MAX` bytes on a UTF-8 boundary; the buffer keeps at
 most `TOTAL_MAX` bytes of text, dropping the oldest lines first. `feed` accepts

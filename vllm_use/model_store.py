@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_use.storage import DownloadTask, Model, now_ms
+from vllm_use.clock import now_ms
+from vllm_use.downloads.tasks import RETRYABLE, TaskStatus
+from vllm_use.models import DOWNLOADABLE, ModelStatus
+from vllm_use.storage import DownloadTask, Model
 
 
 def _dicts(cursor: Any) -> list[dict[str, Any]]:
@@ -15,7 +18,7 @@ def _dicts(cursor: Any) -> list[dict[str, Any]]:
 
 
 def _select(sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    # Raw rows, not peewee-coerced values: they are validated by the caller (S2).
+    # Raw rows, not peewee-coerced values: they are validated by the caller (docs/architecture.md, "Storage").
     return _dicts(Model._meta.database.execute_sql(sql, params))
 
 
@@ -68,26 +71,20 @@ def task_row(task_id: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
-def active_task_for(model_id: str) -> dict[str, Any] | None:
-    rows = _select(
-        "SELECT * FROM download_tasks WHERE model_id = ? AND status IN ('pending', 'running')", (model_id,)
-    )
-    return rows[0] if rows else None
-
-
 def accept_task(task: dict[str, Any], retry: bool) -> str:
-    """S4.2 acceptance, in one transaction: persist the task (insert, or for a retry reset it to
-    pending) and move the model registered/error/failed/canceled → downloading (conditional).
+    """Accept a download (docs/models-and-downloads.md, "Downloads") in one transaction: persist the
+    task (insert, or for a retry reset it to pending) and move the model registered/error/failed/canceled
+    → downloading (conditional).
     Returns "ok", "task_exists", "task_not_retryable" or "model_not_startable"."""
     db = Model._meta.database
     now = now_ms()
     with db.atomic() as txn:
         moved = (
-            Model.update(status="downloading", error=None, updated_at=now)
+            Model.update(status=ModelStatus.DOWNLOADING, error=None, updated_at=now)
             .where(
                 (Model.id == task["model_id"])
                 & (Model.source == "huggingface")
-                & (Model.status.in_(("registered", "error", "failed", "canceled")))
+                & (Model.status.in_(DOWNLOADABLE))
             )
             .execute()
         )
@@ -97,7 +94,7 @@ def accept_task(task: dict[str, Any], retry: bool) -> str:
         if retry:
             reset = (
                 DownloadTask.update(
-                    status="pending",
+                    status=TaskStatus.PENDING,
                     repository=task["repository"],
                     revision=task["revision"],
                     bytes_done=0,
@@ -110,7 +107,7 @@ def accept_task(task: dict[str, Any], retry: bool) -> str:
                 .where(
                     (DownloadTask.id == task["id"])
                     & (DownloadTask.model_id == task["model_id"])
-                    & (DownloadTask.status.in_(("failed", "canceled")))
+                    & (DownloadTask.status.in_(RETRYABLE))
                 )
                 .execute()
             )
@@ -128,8 +125,8 @@ def accept_task(task: dict[str, Any], retry: bool) -> str:
 def mark_running(task_id: str) -> bool:
     """pending → running with started_at, before the child is spawned."""
     return (
-        DownloadTask.update(status="running", started_at=now_ms())
-        .where((DownloadTask.id == task_id) & (DownloadTask.status == "pending"))
+        DownloadTask.update(status=TaskStatus.RUNNING, started_at=now_ms())
+        .where((DownloadTask.id == task_id) & (DownloadTask.status == TaskStatus.PENDING))
         .execute()
         == 1
     )
@@ -138,9 +135,9 @@ def mark_running(task_id: str) -> bool:
 def finish_task(
     task_id: str,
     model_id: str,
-    status: str,
+    status: TaskStatus,
     *,
-    model_status: str,
+    model_status: ModelStatus,
     exit_code: int | None = None,
     error: str | None = None,
     bytes_done: int | None = None,
@@ -165,7 +162,9 @@ def finish_task(
         model_fields: dict[str, Any] = {"status": model_status, "updated_at": now, "error": error}
         if size_bytes is not None:
             model_fields["size_bytes"] = size_bytes
-        Model.update(**model_fields).where((Model.id == model_id) & (Model.status == "downloading")).execute()
+        Model.update(**model_fields).where(
+            (Model.id == model_id) & (Model.status == ModelStatus.DOWNLOADING)
+        ).execute()
 
 
 def save_progress(task_id: str, done: int, total: int | None) -> None:
@@ -178,10 +177,10 @@ def cancel_interrupted(task_ids: list[str], model_ids: list[str]) -> None:
     now = now_ms()
     with db.atomic():
         for task_id in task_ids:
-            DownloadTask.update(status="canceled", finished_at=now, error="interrupted by a restart").where(
-                DownloadTask.id == task_id
-            ).execute()
+            DownloadTask.update(
+                status=TaskStatus.CANCELED, finished_at=now, error="interrupted by a restart"
+            ).where(DownloadTask.id == task_id).execute()
         for model_id in model_ids:
-            Model.update(status="canceled", updated_at=now, error="download interrupted by a restart").where(
-                Model.id == model_id
-            ).execute()
+            Model.update(
+                status=ModelStatus.CANCELED, updated_at=now, error="download interrupted by a restart"
+            ).where(Model.id == model_id).execute()

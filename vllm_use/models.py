@@ -1,11 +1,7 @@
-"""The model registry's rules (S4.1): validation, records, managed directories, crash-safe delete.
+"""The model registry's rules (docs/models-and-downloads.md): validation, records, managed directories,
+crash-safe delete.
 
-Status of a model:
-
-    registered ──downloads.start──▶ downloading ──hf exit 0──▶ ready
-        ▲                               │
-        └── retry/start ◀── failed / error / canceled ◀──┘
-    register_local / scan ──────────────────────────────▶ ready
+A model's status is a `ModelStatus` (its docstring draws the transitions).
 
 One managed directory ↔ one record: `dir` is the directory's name directly under
 the models root, guarded by an application lock and a unique index that is
@@ -27,18 +23,41 @@ import shutil
 import signal
 import stat
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from vllm_use.clock import iso
 from vllm_use.errors import ConfigError, CorruptRecord, InvalidArguments
-from vllm_use.keys import iso
+from vllm_use.fields import MODEL_ID_RE, has_control
 
 log = logging.getLogger(__name__)
 
 QUARANTINE = ".quarantine"
-STATUSES = ("registered", "downloading", "ready", "error", "failed", "canceled")
+
+
+class ModelStatus(StrEnum):
+    """Where a model's files stand (`models.list` → `status`).
+
+        registered ──downloads.start──▶ downloading ──hf exit 0──▶ ready
+            ▲                               │
+            └── retry/start ◀── failed / error / canceled ◀──┘
+        register_local / scan ──────────────────────────────▶ ready
+
+    `DOWNLOADABLE`: the states a download may start from.
+    """
+
+    REGISTERED = "registered"
+    DOWNLOADING = "downloading"
+    READY = "ready"
+    ERROR = "error"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+STATUSES = tuple(ModelStatus)
+DOWNLOADABLE = (ModelStatus.REGISTERED, ModelStatus.ERROR, ModelStatus.FAILED, ModelStatus.CANCELED)
 SOURCES = ("local", "huggingface")
-MODEL_ID_RE = re.compile(r"[0-9a-f]{32}")
 # The Hub's rules, ASCII only: owner/name of letters, digits, "-", "_", "."; no "--" or "..";
 # neither part starts or ends with "-" or "."; not ending in ".git"; at most 96 bytes.
 _REPO_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
@@ -60,12 +79,8 @@ def validate_model_id(value: Any, field: str = "id") -> str:
     return value
 
 
-def _has_control(value: str) -> bool:
-    return any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value)
-
-
 def validate_name(value: str, field: str = "name") -> str:
-    if not value.strip() or len(value.encode("utf-8")) > NAME_MAX or _has_control(value):
+    if not value.strip() or len(value.encode("utf-8")) > NAME_MAX or has_control(value):
         raise _bad(field, f"1 to {NAME_MAX} UTF-8 bytes without control characters")
     return value
 
@@ -93,7 +108,7 @@ def validate_revision(value: str, field: str = "revision") -> str:
         or len(value.encode("utf-8")) > REVISION_MAX
         or value.startswith("-")
         or any(c.isspace() for c in value)
-        or _has_control(value)
+        or has_control(value)
     ):
         raise _bad(
             field, f"1 to {REVISION_MAX} bytes, no whitespace or control characters, not starting with '-'"
@@ -116,7 +131,7 @@ class ModelRecord:
     repository: str | None
     revision: str | None
     dir: str | None
-    status: str
+    status: ModelStatus
     size_bytes: int | None
     error: str | None
     created_at: int
@@ -157,6 +172,7 @@ def parse_row(row: dict[str, Any]) -> ModelRecord:
         raise bad("source is unknown")
     if status not in STATUSES:
         raise bad("status is unknown")
+    status = ModelStatus(status)
     repository, revision, directory = row.get("repository"), row.get("revision"), row.get("dir")
     try:
         if source == "huggingface":
@@ -164,7 +180,7 @@ def parse_row(row: dict[str, Any]) -> ModelRecord:
             validate_revision(revision)  # type: ignore[arg-type]
             if directory != label:
                 raise bad("a Hugging Face model's directory must be its id")
-        elif repository is not None or revision is not None or status != "ready":
+        elif repository is not None or revision is not None or status is not ModelStatus.READY:
             raise bad("a local model has no repository or revision and is always ready")
     except (InvalidArguments, AttributeError, TypeError):
         raise bad("repository or revision is invalid") from None
@@ -173,7 +189,7 @@ def parse_row(row: dict[str, Any]) -> ModelRecord:
     size, error = row.get("size_bytes"), row.get("error")
     if size is not None and (type(size) is not int or size < 0):
         raise bad("size_bytes is not a non-negative integer")
-    if status == "ready" and size is None:
+    if status is ModelStatus.READY and size is None:
         raise bad("a ready model has no size")
     if error is not None and (not isinstance(error, str) or len(error) > 65536):
         raise bad("error is not text")
@@ -192,7 +208,7 @@ def valid_dir_name(name: str) -> bool:
         and not name.startswith(".")
         and "/" not in name
         and "\0" not in name
-        and not _has_control(name)
+        and not has_control(name)
     )
 
 
@@ -202,7 +218,7 @@ def valid_dir_name(name: str) -> bool:
 def resolve_local_dir(root: Path, path: str) -> str:
     """The directory name for `path` (absolute or relative to the root), which must be a real
     subdirectory directly under the root: not the root, not a symlink, not escaping it."""
-    if not path or "\0" in path or _has_control(path) or len(path) > 4096:
+    if not path or "\0" in path or has_control(path) or len(path) > 4096:
         raise _bad("path", "a directory path without control characters")
     candidate = Path(path) if os.path.isabs(path) else root / path
     normal = Path(os.path.normpath(candidate))

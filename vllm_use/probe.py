@@ -1,4 +1,5 @@
-"""Probing external tools (`vllm`, `hf`, `nvidia-smi`) for `system.get` (S4.4).
+"""Probing external tools (`vllm`, `hf`, `nvidia-smi`) for `system.get` (docs/architecture.md,
+"Honest reports").
 
 Each probe resolves the executable on PATH and runs its version command as a
 child with the allow-listed environment (`config.child_env()`), `/` as its

@@ -1,4 +1,4 @@
-"""Start-up reconciliation of models and downloads (S4.1, S4.2). Runs before listening.
+"""Start-up reconciliation of models and downloads (docs/models-and-downloads.md). Runs before listening.
 
 Everything is read first and validated; then, in order: one directory ↔ one
 record is re-asserted (two records for one directory refuse the start, data
@@ -16,6 +16,7 @@ from pathlib import Path
 from vllm_use import model_store, models
 from vllm_use.downloads import tasks
 from vllm_use.errors import ConfigError, CorruptRecord
+from vllm_use.models import ModelStatus
 from vllm_use.storage import Database, Model
 
 log = logging.getLogger(__name__)
@@ -53,14 +54,14 @@ def recover(db: Database, root: Path) -> None:
     interrupted = [t for t in task_records if t.status in tasks.ACTIVE]
     for task in interrupted:
         model = records.get(task.model_id)
-        if model is None or model.status != "downloading":
+        if model is None or model.status is not ModelStatus.DOWNLOADING:
             raise ConfigError(
                 OPTION,
                 f"download task {task.id} was {task.status} but its model {task.model_id} is "
                 f"{model.status if model else 'missing'}; refusing to start",
             )
     owners = {t.model_id for t in interrupted}
-    orphans = [m.id for m in records.values() if m.status == "downloading" and m.id not in owners]
+    orphans = [m.id for m in records.values() if m.status is ModelStatus.DOWNLOADING and m.id not in owners]
     if orphans:
         raise ConfigError(OPTION, f"model {orphans[0]} is downloading but no task is; refusing to start")
     if interrupted:

@@ -1,4 +1,4 @@
-"""The method registry: each ability method declared once (S3).
+"""The method registry: each ability method declared once (docs/architecture.md, "Adding a method").
 
 A `SupportedMethod` carries its name (the MCP tool name), description, one
 pydantic input model (its JSON Schema is what /api, OpenAPI and MCP publish),
@@ -20,8 +20,6 @@ from vllm_use.scopes import MethodScope
 if TYPE_CHECKING:
     from vllm_use.context import Call
 
-# JSON Schema pattern for text without control characters (C0, DEL, C1): published and enforced.
-NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
 _NAME = re.compile(r"[a-z][a-z_]*(\.[a-z][a-z_]*)*")
 
 

@@ -1,4 +1,4 @@
-"""Scopes, surfaces and identities: who may call what, decided in one place (S3.1).
+"""Scopes, surfaces and identities: who may call what, decided in one place (docs/security.md).
 
 A credential is first checked against the *surface* it arrives on (admin HTTP
 `/api`, MCP `/mcp`, gateway `/v1`): one with no scope for that surface is not a
@@ -28,16 +28,6 @@ class Scope(enum.StrEnum):
     MCP_ADMIN = "mcp.admin"
     INFERENCE = "inference"
 
-
-SCOPE_DESCRIPTIONS: dict[Scope, str] = {
-    Scope.ADMIN_READ: "/api: read methods (system, GPUs, models, downloads, runtime, keys, settings)",
-    Scope.ADMIN_WRITE: "/api: mutations (register/delete models, downloads, runtime, keys, settings)",
-    Scope.MCP_READ: "/mcp: read tools",
-    Scope.MCP_MODELS: "/mcp: model and download mutations",
-    Scope.MCP_RUNTIME: "/mcp: runtime start/stop/restart/switch",
-    Scope.MCP_ADMIN: "/mcp: every MCP tool (not /api, not /v1)",
-    Scope.INFERENCE: "/v1: the inference gateway",
-}
 
 SURFACE_SCOPES: dict[Surface, frozenset[Scope]] = {
     Surface.API: frozenset({Scope.ADMIN_READ, Scope.ADMIN_WRITE}),

@@ -1,6 +1,6 @@
-"""Which setting keys look like credentials (S4.6).
+"""Which setting keys look like credentials (docs/security.md, "Secrets").
 
-Credentials come only from flags and the environment (S1); the settings table must never hold
+Credentials come only from flags and the environment; the settings table must never hold
 one. `settings.update` refuses sensitive keys and every database open purges rows that slipped
 in (older versions, hand edits), both with this one rule so they cannot disagree.
 

@@ -1,4 +1,4 @@
-"""SQLite storage through peewee: the source of truth (S2).
+"""SQLite storage through peewee: the source of truth (docs/architecture.md, "Storage").
 
 One file, `<data-dir>/vllm-use.db`, in WAL mode, a regular file (never a symlink) with mode 0600.
 
@@ -12,7 +12,7 @@ version n+1; `open()` applies the missing ones and the new user_version in ONE t
 failure leaves the old data and version untouched and start-up is refused. A database newer than
 this code is refused before anything is written to it (it is inspected read-only first).
 
-Everything read back is untrusted (S2): the models use plain integer/text fields, not booleans
+Everything read back is untrusted: the models use plain integer/text fields, not booleans
 or JSON fields that would coerce bad rows silently; abilities validate rows and raise
 `CorruptRecord`.
 
@@ -27,7 +27,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -88,8 +87,9 @@ SCHEMA_V2: tuple[str, ...] = (
     "CREATE INDEX audit_records_created_at ON audit_records (created_at)",
 )
 SCHEMA_V3: tuple[str, ...] = (
-    # `dir` is the model's directory name directly under the models root (S4.1): one managed
-    # directory ↔ one record. The unique index is re-asserted at every start (vllm_use.models).
+    # `dir` is the model's directory name directly under the models root: one managed directory ↔ one
+    # record (docs/models-and-downloads.md). The unique index is re-asserted at every start
+    # (vllm_use.models).
     """CREATE TABLE models (
         id TEXT PRIMARY KEY,
         name TEXT NOT NULL,
@@ -104,7 +104,7 @@ SCHEMA_V3: tuple[str, ...] = (
         updated_at INTEGER NOT NULL
     )""",
     "CREATE UNIQUE INDEX models_dir_unique ON models (dir)",
-    # Tasks outlive their models: a task id is a permanent audit identity (S4.2).
+    # Tasks outlive their models: a task id is a permanent audit identity (docs/models-and-downloads.md).
     """CREATE TABLE download_tasks (
         id TEXT PRIMARY KEY,
         model_id TEXT NOT NULL,
@@ -133,11 +133,6 @@ PRAGMAS: list[tuple[str, Any]] = [
     ("foreign_keys", 1),
     ("synchronous", "NORMAL"),
 ]
-
-
-def now_ms() -> int:
-    """Wall-clock time in unix milliseconds, the unit of every *_at column."""
-    return time.time_ns() // 1_000_000
 
 
 def _apply_ddl(statements: Sequence[str]) -> Callable[[peewee.SqliteDatabase], None]:

@@ -1,4 +1,4 @@
-"""`api_keys.*` (S4.5): create (secret shown once), list, enable, disable, delete.
+"""`api_keys.*` (docs/auth.md, "API keys"): create (secret shown once), list, enable, disable, delete.
 
 Ids are validated by the input model before any query. Every mutation calls
 `auth.forget(id)` before its write, so the very next request sees it. Disable and
@@ -17,18 +17,19 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from vllm_use import keys
+from vllm_use.clock import now_ms
 from vllm_use.context import Call
 from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
-from vllm_use.registry import NO_CONTROL, Args, NoArgs, Registry, Result
+from vllm_use.fields import KEY_ID_RE, NO_CONTROL, KeyId
+from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.scopes import ADMIN_WRITE, KEYS_READ, Surface
-from vllm_use.storage import ApiKey, now_ms
+from vllm_use.storage import ApiKey
 
 log = logging.getLogger(__name__)
 
 ScopeName = Literal[
     "admin.read", "admin.write", "mcp.read", "mcp.models", "mcp.runtime", "mcp.admin", "inference"
 ]
-KeyId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]{24}$")]
 KeyName = Annotated[
     str,
     StringConstraints(min_length=1, max_length=keys.NAME_MAX_BYTES, pattern=NO_CONTROL),
@@ -122,7 +123,7 @@ def _listed(row: dict[str, Any], call: Call) -> dict[str, Any]:
     except CorruptRecord as exc:
         raw_id = row.get("id")
         return {
-            "id": raw_id if isinstance(raw_id, str) and keys.ID_RE.fullmatch(raw_id) else "<malformed>",
+            "id": raw_id if isinstance(raw_id, str) and KEY_ID_RE.fullmatch(raw_id) else "<malformed>",
             "name": None,
             "prefix": None,
             "scopes": [],

@@ -1,4 +1,4 @@
-"""`downloads.*` (S4.2): start, status, list, logs, cancel, retry.
+"""`downloads.*` (docs/models-and-downloads.md): start, status, list, logs, cancel, retry.
 
 Clients give only a task id, a registered Hugging Face model id and a one-time
 token: repository and revision come from SQLite and the target is always
@@ -7,17 +7,17 @@ token: repository and revision come from SQLite and the target is always
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints
 
-from vllm_use.abilities.models import ModelId
 from vllm_use.context import Call
 from vllm_use.downloads import tasks
+from vllm_use.downloads.tasks import TaskStatus
+from vllm_use.fields import ModelId, TaskId
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.scopes import MODELS_WRITE, READ
 
-TaskId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 Token = Annotated[
     str,
     StringConstraints(min_length=1, max_length=tasks.TOKEN_MAX, pattern=r"^[\x21-\x7e]+$"),
@@ -50,7 +50,7 @@ class TaskOut(Result):
     model_id: str
     repository: str
     revision: str
-    status: Literal["pending", "running", "succeeded", "failed", "canceled"]
+    status: TaskStatus
     bytes_done: int
     bytes_total: int | None
     rate_bytes_per_s: float

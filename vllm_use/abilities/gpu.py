@@ -1,4 +1,4 @@
-"""`gpu.list` through NVML (S4.4).
+"""`gpu.list` through NVML (docs/architecture.md, "Honest reports").
 
 NVML library missing (no NVIDIA driver, as on CI) → `status: "missing"` and an
 empty list, honestly. Any other NVML failure is an error, never invented data.

@@ -1,4 +1,4 @@
-"""`models.*` (S4.1): list, get, register local / Hugging Face, scan, delete.
+"""`models.*` (docs/models-and-downloads.md): list, get, register local / Hugging Face, scan, delete.
 
 Ids are validated by the input models (pattern) before any query or file
 operation; filesystem work runs in an executor; `models.delete` holds the
@@ -16,15 +16,16 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from vllm_use import model_store, models
+from vllm_use.clock import now_ms
 from vllm_use.context import Call
 from vllm_use.errors import Conflict, InvalidArguments, NotFound
-from vllm_use.registry import NO_CONTROL, Args, NoArgs, Registry, Result
+from vllm_use.fields import NO_CONTROL, ModelId
+from vllm_use.models import ModelStatus
+from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.scopes import MODELS_WRITE, READ
-from vllm_use.storage import now_ms
 
 log = logging.getLogger(__name__)
 
-ModelId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
 ModelName = Annotated[
     str,
     StringConstraints(min_length=1, max_length=models.NAME_MAX, pattern=NO_CONTROL),
@@ -76,7 +77,7 @@ class ModelOut(Result):
     source: Literal["local", "huggingface"]
     repository: str | None
     revision: str | None
-    status: Literal["registered", "downloading", "ready", "error", "failed", "canceled"]
+    status: ModelStatus
     path: str | None
     size_bytes: int | None
     error: str | None
@@ -127,7 +128,7 @@ def new_record(name: str, source: str, directory: str, **fields: Any) -> dict[st
         "repository": None,
         "revision": None,
         "dir": directory or model_id,
-        "status": "registered",
+        "status": ModelStatus.REGISTERED,
         "size_bytes": None,
         "error": None,
         "created_at": now,
@@ -159,7 +160,7 @@ def register(registry: Registry) -> None:
         directory = await in_executor(models.resolve_local_dir, root(call), args.path)
         size = await in_executor(models.directory_size, root(call) / directory)
         name = args.name if args.name is not None else display_name(directory)
-        record = new_record(name, "local", directory, status="ready", size_bytes=size)
+        record = new_record(name, "local", directory, status=ModelStatus.READY, size_bytes=size)
         if not await call.app.db.run(model_store.insert_model, record):
             raise Conflict(f"{root(call) / directory} is already registered", loc=["path"])
         return {"model": models.parse_row(record).public(root(call))}
@@ -196,7 +197,9 @@ def register(registry: Registry) -> None:
         records = []
         for name in names:
             size = await in_executor(models.directory_size, root(call) / name)
-            records.append(new_record(display_name(name), "local", name, status="ready", size_bytes=size))
+            records.append(
+                new_record(display_name(name), "local", name, status=ModelStatus.READY, size_bytes=size)
+            )
         inserted = await call.app.db.run(model_store.insert_models, records)
         return {"models": [models.parse_row(r).public(root(call)) for r in inserted]}
 
@@ -213,7 +216,7 @@ def register(registry: Registry) -> None:
         async with app.lifecycle.lock:
             record = await load_model(call, args.id)
             path = root(call) / record.dir if record.dir else None
-            if record.status == "downloading":
+            if record.status is ModelStatus.DOWNLOADING:
                 raise Conflict(f"model {record.id} is downloading; cancel the download first")
             if app.lifecycle.is_running(record.id, path):
                 raise Conflict(f"model {record.id} is running; stop the runtime first")

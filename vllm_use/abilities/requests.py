@@ -1,4 +1,4 @@
-"""`requests.recent` (S4.6, S5.3): the gateway's audit records, newest first, validated on read.
+"""`requests.recent` (docs/gateway.md, "Audit"): the gateway's audit records, newest first, validated on read.
 
 One bad row never fails a page: a row that fails validation (edited by hand, written by an older
 version) is left out of `requests` and reported in `corrupt` with its problem, never silently
@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from vllm_use.clock import iso
 from vllm_use.context import Call
 from vllm_use.gateway.audit import METHOD_MAX, MODEL_MAX_BYTES, PATH_MAX
-from vllm_use.keys import iso
 from vllm_use.registry import Args, Registry, Result
 from vllm_use.scopes import READ
 from vllm_use.storage import AuditRecord

@@ -1,4 +1,4 @@
-"""`runtime.*` (S4.3): status, start, stop, restart, switch, logs.
+"""`runtime.*` (docs/runtime.md): status, start, stop, restart, switch, logs.
 
 Mutations hold the lifecycle lock (shared with `models.delete`) while they
 change what runs: validate, stop what runs, spawn. Start, switch and restart
@@ -33,9 +33,10 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from vllm_use import models
-from vllm_use.abilities.models import ModelId, load_model
+from vllm_use.abilities.models import load_model
 from vllm_use.context import Call
 from vllm_use.errors import Conflict, InvalidArguments
+from vllm_use.fields import ModelId
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.runtime.options import NAME_PATTERN, RuntimeOptions, build_argv
 from vllm_use.runtime.supervisor import RuntimeState, Supervisor
@@ -148,7 +149,7 @@ async def _direct_target(call: Call, model: str) -> tuple[str, Path | None]:
 
 async def _switch_target(call: Call, model_id: str) -> tuple[models.ModelRecord, Path]:
     record = await load_model(call, model_id)
-    if record.status != "ready" or not record.dir:
+    if record.status is not models.ModelStatus.READY or not record.dir:
         raise Conflict(f"model {record.id} is {record.status}; only ready models can run")
     root = call.app.config.models_dir
 

@@ -1,4 +1,4 @@
-"""`settings.*` (S4.6): non-sensitive key/value settings, all-or-nothing updates.
+"""`settings.*` (docs/security.md, "Secrets"): non-sensitive key/value settings, all-or-nothing updates.
 
 A key that looks like a secret (see `vllm_use.sensitive`) is refused: credentials
 come only from flags and env. Bounds: key 1–128 characters, value ≤ 8192
@@ -12,13 +12,14 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, StringConstraints
 
+from vllm_use.clock import iso, now_ms
 from vllm_use.context import Call
 from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
-from vllm_use.keys import iso
-from vllm_use.registry import NO_CONTROL, Args, NoArgs, Registry, Result
+from vllm_use.fields import NO_CONTROL
+from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.scopes import ADMIN_WRITE, READ
 from vllm_use.sensitive import is_sensitive_key
-from vllm_use.storage import Setting, now_ms
+from vllm_use.storage import Setting
 
 KEY_MAX, VALUE_MAX, BATCH_MAX = 128, 8192, 256
 SettingKey = Annotated[

@@ -13,17 +13,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StringConstraints
 
+from vllm_use import fields
 from vllm_use.context import Call
 from vllm_use.errors import NotFound
 from vllm_use.gateway import streams
 from vllm_use.registry import Args, Registry, Result
 from vllm_use.scopes import ADMIN_WRITE, KEYS_READ
 
-KeyId = Annotated[
-    str,
-    StringConstraints(pattern=r"^[A-Za-z0-9]{24}$"),
-    Field(description="an API key id: 24 letters and digits"),
-]
+KeyId = Annotated[fields.KeyId, Field(description="an API key id: 24 letters and digits")]
 # The conversation id rule of X-Conversation-Id (streams.parse_conversation_id), as a pattern.
 ConversationId = Annotated[
     str,

@@ -1,4 +1,5 @@
-"""`test`, `system.get`, `mcp.status` and `dashboard.get` (S3.0, S4.4)."""
+"""`test`, `system.get`, `mcp.status` and `dashboard.get` (docs/api_methods.md; docs/architecture.md,
+"Honest reports")."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pydantic import BaseModel, Field
 
 from vllm_use import __version__, probe
 from vllm_use.abilities.gpu import Gpu, list_gpus
+from vllm_use.clock import iso
 from vllm_use.context import Call
 from vllm_use.errors import VllmUseError
-from vllm_use.keys import iso
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.scopes import READ, MethodScope, Surface
 

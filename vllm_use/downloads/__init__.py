@@ -1,1 +1,2 @@
-"""Hugging Face downloads (S4.2): task records, the durable queue of `hf` children, their logs."""
+"""Hugging Face downloads (docs/models-and-downloads.md): task records, the durable queue of `hf`
+children, their logs."""

@@ -1,4 +1,6 @@
-"""Filesystem and hub work of a download (S4.2). Every function here runs in an executor.
+"""Filesystem and hub work of a download (docs/models-and-downloads.md).
+
+Every function here runs in an executor.
 
 hf writes partial files under `<target>/.cache/huggingface/download/` in 10 MiB steps and keeps
 its bookkeeping in `<target>/.cache`: progress counts the payload plus the partials; the model's

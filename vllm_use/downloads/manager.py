@@ -1,4 +1,5 @@
-"""The durable download queue: `hf download` children, progress, stalls, cancel (S4.2).
+"""The durable download queue: `hf download` children, progress, stalls, cancel
+(docs/models-and-downloads.md).
 
 Runs on the IOLoop. SQLite is the truth: a task is persisted `pending` on
 acceptance (with its model switched to `downloading` in the same transaction),
@@ -35,11 +36,14 @@ from typing import Any
 from tornado.process import Subprocess
 
 from vllm_use import children, fsafety, model_store, models
+from vllm_use.clock import now_ms
 from vllm_use.config import Config, child_env
 from vllm_use.downloads import files, tasks
+from vllm_use.downloads.tasks import TaskStatus
 from vllm_use.errors import Conflict, InvalidArguments, NotFound
 from vllm_use.logbuffer import LogBuffer, cut_utf8
-from vllm_use.storage import Database, now_ms
+from vllm_use.models import ModelStatus
+from vllm_use.storage import Database
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +120,7 @@ class DownloadManager:
     def describe(self, record: tasks.TaskRecord) -> dict[str, Any]:
         """The task as the API shows it: the record plus live progress while it runs."""
         out = record.public()
-        progress = self._progress.get(record.id) if record.status == "running" else None
+        progress = self._progress.get(record.id) if record.status == TaskStatus.RUNNING else None
         if progress is not None:
             out["bytes_done"] = progress.done
             out["bytes_total"] = progress.total if progress.total is not None else record.bytes_total
@@ -168,7 +172,7 @@ class DownloadManager:
             "model_id": model_id,
             "repository": model.repository,
             "revision": model.revision,
-            "status": "pending",
+            "status": TaskStatus.PENDING,
             "bytes_done": 0,
             "bytes_total": None,
             "exit_code": None,
@@ -190,7 +194,7 @@ class DownloadManager:
 
     async def retry(self, task_id: str, token: str | None) -> dict[str, Any]:
         old = await self.get(task_id)
-        if old.status not in ("failed", "canceled"):
+        if old.status not in tasks.RETRYABLE:
             raise Conflict(
                 f"download task {task_id} is {old.status}; only failed or canceled tasks can be retried"
             )
@@ -230,7 +234,11 @@ class DownloadManager:
             self._queue.remove(task_id)
             self._tokens.pop(task_id, None)
             await self._finish(
-                task_id, record.model_id, "canceled", model_status="canceled", error="canceled"
+                task_id,
+                record.model_id,
+                TaskStatus.CANCELED,
+                model_status=ModelStatus.CANCELED,
+                error="canceled",
             )
         elif task_id in self._workers:
             await self._cancel_worker(task_id)
@@ -248,14 +256,20 @@ class DownloadManager:
         await asyncio.shield(worker)
 
     async def shutdown(self) -> bool:
-        """Cancel everything and persist it (S1). False if a final state could not be written."""
+        """Cancel everything and persist it (docs/architecture.md, "Start-up and shutdown").
+
+        False if a final state could not be written."""
         self._closing = True
         for task_id in list(self._queue):
             self._queue.remove(task_id)
             row = await self.db.run(model_store.task_row, task_id)
             if row is not None:
                 await self._finish(
-                    task_id, row["model_id"], "canceled", model_status="canceled", error="shutdown"
+                    task_id,
+                    row["model_id"],
+                    TaskStatus.CANCELED,
+                    model_status=ModelStatus.CANCELED,
+                    error="shutdown",
                 )
         await asyncio.gather(*(self._cancel_worker(task_id) for task_id in list(self._workers)))
         self._tokens.clear()
@@ -286,7 +300,11 @@ class DownloadManager:
             started = False
         if not started:
             await self._finish(
-                task_id, record.model_id, "failed", model_status="failed", error="could not start"
+                task_id,
+                record.model_id,
+                TaskStatus.FAILED,
+                model_status=ModelStatus.FAILED,
+                error="could not start",
             )
             return
         record = await self.get(task_id)  # now running, with started_at
@@ -301,7 +319,11 @@ class DownloadManager:
                 shortfall = await loop.run_in_executor(None, files.disk_shortfall, self.root, target, total)
             if task_id in self._cancel_requested:  # canceled (or shut down) while we got here
                 await self._finish(
-                    task_id, record.model_id, "canceled", model_status="canceled", error="canceled"
+                    task_id,
+                    record.model_id,
+                    TaskStatus.CANCELED,
+                    model_status=ModelStatus.CANCELED,
+                    error="canceled",
                 )
                 return
             if shortfall is not None:
@@ -309,8 +331,8 @@ class DownloadManager:
                 await self._finish(
                     task_id,
                     record.model_id,
-                    "failed",
-                    model_status="failed",
+                    TaskStatus.FAILED,
+                    model_status=ModelStatus.FAILED,
                     error=shortfall,
                     bytes_total=total,
                 )
@@ -318,7 +340,9 @@ class DownloadManager:
             proc = self._spawn(record, target, token)
         except (InvalidArguments, OSError) as exc:
             message = exc.message if isinstance(exc, InvalidArguments) else f"cannot start hf: {exc}"
-            await self._finish(task_id, record.model_id, "failed", model_status="failed", error=message)
+            await self._finish(
+                task_id, record.model_id, TaskStatus.FAILED, model_status=ModelStatus.FAILED, error=message
+            )
             return
         # Tornado keeps one exit callback per child and never reports a reaped child twice:
         # ask once, here, and let every waiter share this future.
@@ -414,8 +438,8 @@ class DownloadManager:
             await self._finish(
                 task_id,
                 record.model_id,
-                "canceled",
-                model_status="canceled",
+                TaskStatus.CANCELED,
+                model_status=ModelStatus.CANCELED,
                 error="canceled",
                 exit_code=code,
                 bytes_done=done,
@@ -428,8 +452,8 @@ class DownloadManager:
                 await self._finish(
                     task_id,
                     record.model_id,
-                    "failed",
-                    model_status="failed",
+                    TaskStatus.FAILED,
+                    model_status=ModelStatus.FAILED,
                     error=message,
                     exit_code=code,
                     bytes_done=done,
@@ -438,8 +462,8 @@ class DownloadManager:
                 await self._finish(
                     task_id,
                     record.model_id,
-                    "succeeded",
-                    model_status="ready",
+                    TaskStatus.SUCCEEDED,
+                    model_status=ModelStatus.READY,
                     exit_code=0,
                     bytes_done=size,
                     bytes_total=size,
@@ -450,8 +474,8 @@ class DownloadManager:
             await self._finish(
                 task_id,
                 record.model_id,
-                "failed",
-                model_status="failed",
+                TaskStatus.FAILED,
+                model_status=ModelStatus.FAILED,
                 exit_code=code,
                 error=cut_utf8(last.encode(), ERROR_MAX).decode("utf-8", "ignore"),
                 bytes_done=done,
@@ -461,7 +485,7 @@ class DownloadManager:
         self._logs.pop(task_id, None)
         log.info("download %s: hf exited with %s", task_id, code)
 
-    async def _finish(self, task_id: str, model_id: str, status: str, **fields: Any) -> None:
+    async def _finish(self, task_id: str, model_id: str, status: TaskStatus, **fields: Any) -> None:
         """Persist a terminal state and publish it; a failed write makes shutdown exit non-zero."""
         progress = self._progress.get(task_id)
         if progress is not None and progress.total is not None:

@@ -1,8 +1,6 @@
-"""Download task records (S4.2): ids, states, validation of rows read back.
+"""Download task records (docs/models-and-downloads.md): ids, states, validation of rows read back.
 
-    pending ──worker free──▶ running ──hf exit 0──▶ succeeded
-       │                       ├──hf failed──────▶ failed ──retry──▶ pending
-       └──────cancel───────────┴──cancel/restart─▶ canceled ──retry──▶ pending
+A task's status is a `TaskStatus` (its docstring draws the transitions).
 
 A task id is a permanent audit identity: 1–128 bytes of portable ASCII,
 alphanumeric first. A new start can't reuse one; a retry reuses its own.
@@ -10,33 +8,45 @@ alphanumeric first. A new start can't reuse one; a retry reuses its own.
 
 from __future__ import annotations
 
-import re
 import secrets
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from vllm_use import models
+from vllm_use.clock import iso
 from vllm_use.errors import CorruptRecord, InvalidArguments
-from vllm_use.keys import iso
+from vllm_use.fields import TASK_ID_RE
 
-TASK_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-STATUSES = ("pending", "running", "succeeded", "failed", "canceled")
-ACTIVE = ("pending", "running")
-FINISHED = ("succeeded", "failed", "canceled")
 TOKEN_MAX = 4096
+
+
+class TaskStatus(StrEnum):
+    """Where a download task stands (`downloads.list` → `status`).
+
+        pending ──worker free──▶ running ──hf exit 0──▶ succeeded
+           │                       ├──hf failed──────▶ failed ──retry──▶ pending
+           └──────cancel───────────┴──cancel/restart─▶ canceled ──retry──▶ pending
+
+    `ACTIVE` tasks hold their model (at most one per model); `FINISHED` ones may be retried
+    (`failed`, `canceled`) or are done.
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+STATUSES = tuple(TaskStatus)
+ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
+FINISHED = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELED)
+RETRYABLE = (TaskStatus.FAILED, TaskStatus.CANCELED)
 
 
 def new_task_id() -> str:
     return "dl-" + secrets.token_hex(12)
-
-
-def validate_task_id(value: Any, field: str = "id") -> str:
-    if not isinstance(value, str) or not TASK_ID_RE.fullmatch(value):
-        raise InvalidArguments(
-            f"invalid arguments: {field}: 1 to 128 ASCII letters, digits, '.', '_' or '-', starting alphanumeric",
-            errors=[{"loc": [field], "msg": "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"}],
-        )
-    return value
 
 
 @dataclass(frozen=True)
@@ -45,7 +55,7 @@ class TaskRecord:
     model_id: str
     repository: str
     revision: str
-    status: str
+    status: TaskStatus
     bytes_done: int
     bytes_total: int | None
     exit_code: int | None
@@ -90,6 +100,7 @@ def parse_row(row: dict[str, Any]) -> TaskRecord:
     status = row.get("status")
     if status not in STATUSES:
         raise bad("status is unknown")
+    status = TaskStatus(status)
     done, total, code = row.get("bytes_done"), row.get("bytes_total"), row.get("exit_code")
     if type(done) is not int or done < 0 or (total is not None and (type(total) is not int or total < 0)):
         raise bad("byte counts are invalid")
@@ -106,7 +117,7 @@ def parse_row(row: dict[str, Any]) -> TaskRecord:
         raise bad("timestamps are out of order")
     if status in FINISHED and finished is None:
         raise bad("a finished task has no finished_at")
-    if status == "pending" and finished is not None:
+    if status is TaskStatus.PENDING and finished is not None:
         raise bad("a pending task has a finished_at")
     return TaskRecord(
         label, model_id, repository, revision, status, done, total, code, error, created, started, finished

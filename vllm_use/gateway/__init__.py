@@ -1,1 +1,1 @@
-"""The inference gateway `/v1` (S5): proxying, model aliases, resumable streams, audit."""
+"""The inference gateway `/v1` (docs/gateway.md): proxying, model aliases, resumable streams, audit."""

@@ -1,4 +1,4 @@
-"""Model aliases (S5): read a body's top-level `model` and `stream`, rewrite `model` in place.
+"""Model aliases: read a body's top-level `model` and `stream`, rewrite `model` in place.
 
 Rules and limits (docs/gateway.md):
 

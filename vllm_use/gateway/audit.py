@@ -1,4 +1,5 @@
-"""Gateway audit (S5.3): one record per authenticated `/v1` request, written off the hot path.
+"""Gateway audit (docs/gateway.md, "Audit"): one record per authenticated `/v1` request, written off the
+hot path.
 
 Records are queued in memory and written every `FLUSH_S` in one transaction that
 also evicts the oldest beyond `--max-audit-records` (0: record nothing new,
@@ -23,8 +24,9 @@ from typing import Any
 
 from tornado.ioloop import PeriodicCallback
 
+from vllm_use.clock import now_ms
 from vllm_use.logbuffer import cut_utf8
-from vllm_use.storage import AuditRecord, Database, now_ms
+from vllm_use.storage import AuditRecord, Database
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The gateway's header rules (S5): what goes upstream, what comes back to the client.
+"""The gateway's header rules (docs/gateway.md, "Per request"): what goes upstream, what comes back to
+the client.
 
 The client that talks to the upstream is `vllm_use.gateway.upstream.PooledClient`.
 """

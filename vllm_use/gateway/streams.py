@@ -1,4 +1,4 @@
-"""Resumable streams (S5.1): server-side sessions that outlive the client's connection.
+"""Resumable streams (docs/gateway.md): server-side sessions that outlive the client's connection.
 
 A `POST /v1/chat/completions` with `X-Conversation-Id` appends the raw SSE bytes it relays to a
 `StreamSession`; `GET /v1/stream` replays them from a byte offset and follows the live tail;
@@ -42,9 +42,8 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from vllm_use.clock import iso, now_ms
 from vllm_use.errors import InvalidArguments, TooManyRequests, VllmUseError
-from vllm_use.keys import iso
-from vllm_use.storage import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ class StreamArgumentError(InvalidArguments, ValueError):
 
 
 class OffsetGone(StreamArgumentError):
-    """The requested offset fell off the front of the buffer (S5.1: 400)."""
+    """The requested offset fell off the front of the buffer: a 400 (docs/gateway.md, "Resumable streams")."""
 
     code = "offset_gone"
 
@@ -299,7 +298,7 @@ class StreamSession:
             self._cond.notify_all()
 
     def describe(self) -> dict[str, Any]:
-        """The state `POST /v1/streams/lookup` reports to the owner (S5.1)."""
+        """The state `POST /v1/streams/lookup` reports to the owner (docs/gateway.md, "Resumable streams")."""
         return {
             "conversation_id": self.conversation_id,
             "is_done": self._done,

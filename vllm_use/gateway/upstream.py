@@ -1,4 +1,5 @@
-"""The gateway's HTTP client to the upstream (S5): keep-alive pooled, cancellable, no proxies, no redirects.
+"""The gateway's HTTP client to the upstream: keep-alive pooled, cancellable, no proxies, no redirects
+(docs/gateway.md, "The upstream connection").
 
 `PooledClient` is an `AsyncHTTPClient` (so `fetch(HTTPRequest)` works as anywhere in Tornado) that
 speaks HTTP/1.1 itself over `IOStream`s kept in a small pool per upstream origin:

@@ -1,1 +1,2 @@
-"""The vLLM runtime (S4.3): typed options, argv building, the reaper shim, the supervisor, /proc facts."""
+"""The vLLM runtime (docs/runtime.md): typed options, argv building, the reaper shim, the supervisor,
+/proc facts."""

@@ -1,4 +1,4 @@
-"""The supervisor of one `vllm serve` (S4.3, docs/runtime.md). Runs on the IOLoop.
+"""The supervisor of one `vllm serve` (docs/runtime.md). Runs on the IOLoop.
 
 The child is `python -I -m vllm_use.runtime.reaper` leading a new session with
 `vllm serve` under it (see reaper.py: if vllm-use dies, the whole group dies),
@@ -433,6 +433,6 @@ class Supervisor:
 
 
 def _iso(seconds: float) -> str:
-    from vllm_use.keys import iso
+    from vllm_use.clock import iso
 
     return iso(int(seconds * 1000)) or ""

@@ -1,0 +1,142 @@
+"""The layout's rules (docs/architecture.md, "Layering"), checked on the source itself.
+
+- The modules of `vllm_use` and `handlers` import each other without a cycle. Counted: the
+  imports a module runs when it is loaded (its top level, `if`/`try` blocks included; not those
+  under `if TYPE_CHECKING:` and not those inside functions), each with the packages above it,
+  which Python loads first.
+- Nothing in `vllm_use` imports `handlers` except the composition root, `vllm_use.app`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGES = ("vllm_use", "handlers")
+COMPOSITION_ROOT = "vllm_use.app"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _loaded_imports(body: list[ast.stmt]) -> Iterator[str]:
+    """The modules named by the imports that run when `body` runs (absolute imports only: the
+    project uses no relative ones, and `test_no_relative_imports` keeps it so)."""
+    for node in body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from _loaded_imports(node.orelse)
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)  # a submodule, maybe
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in ("body", "orelse", "finalbody"):
+                yield from _loaded_imports(getattr(node, block, []))
+            for handler in getattr(node, "handlers", []):
+                yield from _loaded_imports(handler.body)
+
+
+def _sources() -> dict[str, Path]:
+    return {_module_name(p): p for package in PACKAGES for p in sorted((REPO / package).rglob("*.py"))}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module → the project modules it loads when it is loaded (with their parent packages)."""
+    sources = _sources()
+    graph: dict[str, set[str]] = {}
+    for name, path in sources.items():
+        edges: set[str] = set()
+        for target in _loaded_imports(ast.parse(path.read_text(encoding="utf-8")).body):
+            parts = target.split(".")
+            edges.update(".".join(parts[:n]) for n in range(1, len(parts) + 1))
+        graph[name] = {t for t in edges if t in sources and t != name and not name.startswith(t + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_modules_import_each_other_without_a_cycle() -> None:
+    graph = import_graph()
+    assert "vllm_use.registry" in graph and "handlers.base" in graph  # the walk saw the tree
+    assert "vllm_use.errors" in graph["vllm_use.registry"] or graph["vllm_use.registry"]
+    assert cycles(graph) == []
+
+
+def test_only_the_composition_root_imports_handlers() -> None:
+    graph = import_graph()
+    assert any(t.startswith("handlers") for t in graph[COMPOSITION_ROOT])  # the walk sees imports
+    for name, path in _sources().items():
+        if not name.startswith("vllm_use.") or name == COMPOSITION_ROOT:
+            continue
+        every = set(_every_import(path))  # function-level imports count here too
+        assert not {t for t in every if t == "handlers" or t.startswith("handlers.")}, name
+
+
+def _every_import(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+
+
+def test_no_relative_imports() -> None:
+    relative = [
+        f"{name}:{node.lineno}"
+        for name, path in _sources().items()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.level
+    ]
+    assert relative == []
