@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Server, start_server
-from tests.fakeupstream import FakeUpstream, running
+from tests.fakes.upstream import FakeUpstream, running
+from tests.support.server import Server, start_server
 from vllm_use.errors import InvalidArguments
 from vllm_use.gateway.aliases import MAX_DEPTH, WINDOW, prepare_body
 

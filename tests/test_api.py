@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from handlers.base import BODY_LIMIT
-from tests.conftest import Server
+from tests.support.server import Server
 
 
 def assert_no_store(r: object) -> None:

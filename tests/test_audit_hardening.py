@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Server, eventually, start_server
-from tests.fakeupstream import FakeUpstream, running
+from tests.fakes.upstream import FakeUpstream, running
+from tests.support.server import Server, eventually, start_server
 from vllm_use.abilities.requests import _read
 from vllm_use.gateway.audit import METHOD_MAX, AuditWriter
 from vllm_use.storage import Database
@@ -209,7 +209,7 @@ def test_the_console_shows_refused_credentials_and_corrupt_rows(
 ) -> None:
     from playwright.sync_api import expect
 
-    from tests.browser import new_page, sign_in
+    from tests.support.browser import new_page, sign_in
 
     server = start_server(tmp_path / "data", "--upstream", upstream.url)
     try:

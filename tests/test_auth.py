@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, Server
+from tests.support.server import ADMIN_TOKEN, Server
 
 # No test here needs a process of its own: `server` runs the Application in this one (tests/conftest.py).
 pytestmark = pytest.mark.in_process

@@ -1,5 +1,5 @@
 """The chat page (`/chat`, issue 7 acceptance) in a real Chromium, against a real server whose `/v1`
-forwards to a fake vLLM (tests/fakeupstream.py) that streams as slowly as a test needs and records
+forwards to a fake vLLM (tests/fakes/upstream.py) that streams as slowly as a test needs and records
 what reached it: streaming, resume after a reload, stop, branches, safe Markdown, export/import,
 reasoning, and the screenshots.
 
@@ -22,10 +22,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.browser import Watched, new_page, screenshot, settled, sign_in
-from tests.conftest import eventually
-from tests.consolestack import Stack, console_stack
-from tests.fakeupstream import FakeUpstream, running
+from tests.fakes.upstream import FakeUpstream, running
+from tests.support.browser import Watched, new_page, screenshot, settled, sign_in
+from tests.support.server import eventually
+from tests.support.stack import Stack, console_stack
 
 MESSAGE = 'ol[aria-label="Messages"] li.message'
 ASSISTANT = MESSAGE + '[data-role="assistant"]'
@@ -128,7 +128,7 @@ def snapshot(page: Page) -> list[list[Any]]:
 
 def forgive_aborted(watched: Watched, *paths: str) -> None:
     """A reload aborts the page's in-flight `/v1` fetches on purpose, which Chromium reports as
-    failed requests (net::ERR_ABORTED); tests/browser.py forgives that only for `/api/`."""
+    failed requests (net::ERR_ABORTED); tests/support/browser.py forgives that only for `/api/`."""
     watched.problems[:] = [
         p
         for p in watched.problems

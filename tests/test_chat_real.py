@@ -1,7 +1,7 @@
 """The chat page against the real CPU vLLM serving a tiny local model (issue 7 acceptance, "once against
 the real CPU vLLM"): the answer streams in and ends equal to what the model generated.
 
-vLLM is served directly (tests/vllm_fixtures.py, ~20-60 s to start) and the console's gateway forwards
+vLLM is served directly (tests/support/real_vllm.py, ~20-60 s to start) and the console's gateway forwards
 `/v1` to it with `--upstream`. At temperature 0 the model is greedy, so the same request sent again
 without streaming, through the gateway with the page's own playground key, gives the same text.
 """
@@ -18,8 +18,9 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.browser import new_page
-from tests.consolestack import Stack, console_stack
+from tests.support.browser import new_page
+from tests.support.real_vllm import RealVllm, VllmServer, serve_vllm
+from tests.support.stack import Stack, console_stack
 from tests.test_chat import (
     ASSISTANT,
     CHAT_PATH,
@@ -29,13 +30,6 @@ from tests.test_chat import (
     open_chat,
     send,
     strings,
-)
-from tests.vllm_fixtures import (  # noqa: F401 - fixtures
-    RealVllm,
-    VllmServer,
-    fixture_real_vllm,
-    fixture_tiny_models,
-    serve_vllm,
 )
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, start_server
+from tests.support import REPO
+from tests.support.server import free_port, start_server
 from vllm_use.config import Config, build_parser, load
 from vllm_use.errors import ConfigError
 

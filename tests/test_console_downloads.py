@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.browser import Watched, new_page, sign_in
-from tests.consolestack import FAST_REPO, SLOW_REPO, Stack, console_stack
+from tests.support.browser import Watched, new_page, sign_in
+from tests.support.stack import FAST_REPO, SLOW_REPO, Stack, console_stack
 
 MiB = 1024 * 1024
 

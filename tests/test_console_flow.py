@@ -1,12 +1,12 @@
 """The console end to end in a real Chromium (issue 6 acceptance), against a real server with the fake
-`vllm` and the real `hf` on a fake hub (tests/consolestack.py).
+`vllm` and the real `hf` on a fake hub (tests/support/stack.py).
 
 One operator's day, in order: sign in → register a Hugging Face model → download it with live
 progress → switch the runtime to it and see it ready (the start answers 202; the runtime's event
 stream brings `ready` and the log) → create an `inference` key and read its secret once → the key
 works on /v1/models with curl → disable it in the console → the same curl gets 401 → recent
 requests show the call that was let in and count the refused one. Then: bad input shows the
-server's error next to its field, and a screenshot of every page in both themes (tests/browser.py
+server's error next to its field, and a screenshot of every page in both themes (tests/support/browser.py
 says where: `.cache/screenshots/` in a test run, `docs/screenshots/` under `make screenshots`).
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.browser import Watched, new_page, screenshot, settled, sign_in
-from tests.consolestack import SLOW_REPO, Stack, console_stack
+from tests.support.browser import Watched, new_page, screenshot, settled, sign_in
+from tests.support.stack import SLOW_REPO, Stack, console_stack
 
 PAGES = {
     "overview": "/",

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.browser import Watched, new_page, sign_in
-from tests.consolestack import Stack, console_stack
+from tests.support.browser import Watched, new_page, sign_in
+from tests.support.stack import Stack, console_stack
 
 START_TIMEOUT_MS = 30_000  # the fake refuses `broken` at once and shows `slow` loading at once
 

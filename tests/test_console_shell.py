@@ -1,7 +1,7 @@
 """The console's shell in a real Chromium: sign-in, where the credential lives, 401 → sign-in, theme, 360 px.
 
-The server is the real one (tests/consolestack.py: fake `vllm`, real `hf` on a fake hub). Every test
-asserts no console errors, no uncaught exceptions and no unexpected HTTP errors (tests/browser.py).
+The server is the real one (tests/support/stack.py: fake `vllm`, real `hf` on a fake hub). Every test
+asserts no console errors, no uncaught exceptions and no unexpected HTTP errors (tests/support/browser.py).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.browser import Watched, new_page, settled, sign_in
-from tests.consolestack import Stack, console_stack
+from tests.support.browser import Watched, new_page, settled, sign_in
+from tests.support.stack import Stack, console_stack
 
 PAGES = ["/", "/models", "/downloads", "/runtime", "/keys", "/requests", "/settings", "/mcp-setup"]
 

@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, Server, eventually, start_server
-from tests.fakehub import FakeHub
+from tests.fakes.hub import FakeHub
+from tests.support.server import ADMIN_TOKEN, Server, eventually, start_server
 from vllm_use.app import SHUTDOWN_GRACE_S
 from vllm_use.downloads.manager import REAP_CAP_S, TERM_GRACE_S
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from handlers import events
-from tests.conftest import ADMIN_TOKEN, Server, eventually, free_port, start_server
-from tests.vllm_fixtures import fake_vllm_bin
+from tests.fakes import fake_vllm_bin
+from tests.support.server import ADMIN_TOKEN, Server, eventually, free_port, start_server
 from vllm_use import app as app_mod
 from vllm_use import config as config_mod
 from vllm_use.runtime.supervisor import REAP_CAP_S

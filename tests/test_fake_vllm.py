@@ -1,4 +1,4 @@
-"""`tools/fake_vllm.py` behaves like the real CPU vLLM as recorded in docs/vllm-facts.md.
+"""`tests/fakes/vllm.py` behaves like the real CPU vLLM as recorded in docs/vllm-facts.md.
 
 The supervisor's unit tests rely on this fake, so these tests pin the behaviours that matter to it: the
 version line, a closed port while loading (connection refused, not 503), `/health` 200 once ready, OpenAI
@@ -25,11 +25,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import eventually, free_port
+from tests.fakes import FAKE_VLLM
+from tests.support.server import eventually, free_port
 from vllm_use.gateway.upstream import PooledClient
 
-REPO = Path(__file__).resolve().parent.parent
-FAKE = str(REPO / "tools" / "fake_vllm.py")
+FAKE = str(FAKE_VLLM)
 POOL_IDLE_S = inspect.signature(PooledClient.initialize).parameters["idle_timeout"].default
 
 
@@ -409,7 +409,7 @@ def test_engine_death_mid_stream_is_an_in_band_error_then_exit_0(
     launch: Callable[..., Fake], client: httpx.Client
 ) -> None:
     """FAKE_VLLM_ENGINE_DIES=2: two pieces, then what vLLM 0.32 sends when its EngineCore dies
-    (tools/vllm_shapes.py), a clean end, and the server exits 0."""
+    (tests/fakes/shapes.py), a clean end, and the server exits 0."""
     fake = launch(env={"FAKE_VLLM_ENGINE_DIES": "2", "FAKE_VLLM_TOKEN_SECONDS": "0"})
     fake.wait_ready()
     body = {"model": fake.model, "messages": [{"role": "user", "content": "w " * 20}], "stream": True}

@@ -23,8 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import FENCED_ENV, eventually
-from tests.fakehub import FakeHub
+from tests.conftest import FENCED_ENV
+from tests.fakes.hub import FakeHub
+from tests.support.server import eventually
 
 HF = str(Path(sys.executable).with_name("hf"))
 MiB = 1024 * 1024

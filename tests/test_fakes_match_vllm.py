@@ -1,9 +1,9 @@
 """The fakes of vLLM answer like the real vLLM 0.32 they imitate: the same requests, the same answers.
 
-tests/fakeupstream.py (the gateway tests' upstream) and tools/fake_vllm.py (the supervisor tests'
-`vllm`) both serve the shapes of tools/vllm_shapes.py. A fake is only as good as its last comparison
+tests/fakes/upstream.py (the gateway tests' upstream) and tests/fakes/vllm.py (the supervisor tests'
+`vllm`) both serve the shapes of tests/fakes/shapes.py. A fake is only as good as its last comparison
 with the real thing; this is that comparison. The real CPU vLLM serves the tiny model, started once
-for the module, directly (tests/vllm_fixtures.py), with `--api-key` (a vLLM started without a key
+for the module, directly (tests/support/real_vllm.py), with `--api-key` (a vLLM started without a key
 checks none) and `--max-model-len 2048` (the engine-death test needs a long generation to stop in).
 
 Compared: status codes; error bodies exactly (they hold no generated text); bodies and SSE events by
@@ -32,16 +32,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conftest import REPO, Server, eventually, free_port, start_server
-from tests.fakeupstream import FakeUpstream
-from tests.vllm_fixtures import (  # noqa: F401 - fixtures
-    RealVllm,
-    VllmServer,
-    fixture_real_vllm,
-    fixture_tiny_models,
-    group_members,
-    serve_vllm,
-)
+from tests.fakes import FAKE_VLLM
+from tests.fakes.upstream import FakeUpstream
+from tests.support.real_vllm import RealVllm, VllmServer, group_members, serve_vllm
+from tests.support.server import Server, eventually, free_port, start_server
 from vllm_use.gateway.upstream import PooledClient
 
 KEY = "fakes-match-key-0123456789abcdef"
@@ -106,12 +100,12 @@ class FakeVllm:
 
 @contextlib.contextmanager
 def fake_vllm(model: Path, scratch: Path, **knobs: str) -> Iterator[FakeVllm]:
-    """tools/fake_vllm.py serving `model` as the real one is served here, healthy."""
+    """tests/fakes/vllm.py serving `model` as the real one is served here, healthy."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_VLLM_", "VLLM_"))}
     env |= {"FAKE_VLLM_LOAD_SECONDS": "0", "FAKE_VLLM_MAX_LIFETIME": "300"}
     env |= {f"FAKE_VLLM_{name.upper()}": value for name, value in knobs.items()}
-    argv = [sys.executable, str(REPO / "tools" / "fake_vllm.py"), "serve", str(model), "--host", "127.0.0.1"]
+    argv = [sys.executable, str(FAKE_VLLM), "serve", str(model), "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--served-model-name", "tiny", "--max-model-len", str(MAX_MODEL_LEN)]
     argv += ["--api-key", KEY]
     scratch.mkdir(parents=True, exist_ok=True)

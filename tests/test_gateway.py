@@ -1,7 +1,7 @@
 """The inference gateway `/v1` (docs/gateway.md): SDKs end to end, streaming, cancellation, auth, limits,
 audit.
 
-Everything runs against `tests/fakeupstream.py`, a fake vLLM that records what it receives, so each
+Everything runs against `tests/fakes/upstream.py`, a fake vLLM that records what it receives, so each
 test can say what reached the upstream (and that nothing did, for a refused request).
 """
 
@@ -22,8 +22,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Server, eventually, start_server
-from tests.fakeupstream import FakeUpstream, Received, running
+from tests.fakes.upstream import FakeUpstream, Received, running
+from tests.support.server import Server, eventually, start_server
 
 try:  # anthropic ≥ 2 is built on httpx2 and refuses httpx clients
     import httpx2 as anthropic_httpx
@@ -849,7 +849,7 @@ def test_an_engine_death_mid_stream_reaches_the_client_as_vllm_tells_it(
     gw: Server, key: tuple[str, str], upstream: FakeUpstream, path: str
 ) -> None:
     """vLLM answers its engine's death in-band and ends the stream cleanly, except on /v1/responses,
-    which it cuts (tools/vllm_shapes.py): relayed as is, and the cut one ends with our error event."""
+    which it cuts (tests/fakes/shapes.py): relayed as is, and the cut one ends with our error event."""
     upstream.engine_dies = True
     status, received, clean = stream_raw(gw, key[1], path)
     assert status == 200

@@ -16,14 +16,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Server, free_port, start_server
-from tests.vllm_fixtures import (  # noqa: F401 - fixtures
-    RealVllm,
-    fixture_real_vllm,
-    fixture_tiny_models,
-    settle,
-    vllm_child_env,
-)
+from tests.support.real_vllm import RealVllm, settle, vllm_child_env
+from tests.support.server import Server, free_port, start_server
 
 try:  # anthropic >= 2 is built on httpx2 and refuses httpx clients
     import httpx2 as anthropic_httpx

@@ -30,8 +30,9 @@ import tornado.netutil
 import tornado.web
 from tornado.httpclient import AsyncHTTPClient
 
-from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, start_server
-from tests.fakeupstream import FakeUpstream, running
+from tests.fakes.upstream import FakeUpstream, running
+from tests.support import REPO
+from tests.support.server import ADMIN_TOKEN, Server, eventually, start_server
 from vllm_use import app as app_mod
 from vllm_use import config as config_mod
 

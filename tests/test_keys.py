@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from tests.conftest import Server, start_app
+from tests.support.server import Server, start_app
 
 # No test here needs a process of its own: the Application runs in this one (tests/conftest.py).
 pytestmark = pytest.mark.in_process

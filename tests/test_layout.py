@@ -5,6 +5,8 @@
   under `if TYPE_CHECKING:` and not those inside functions), each with the packages above it,
   which Python loads first.
 - Nothing in `vllm_use` imports `handlers` except the composition root, `vllm_use.app`.
+- Nothing in `tests` imports `tools` (tools may use `tests.fakes` and `tests.support`, never the
+  other way round): the fakes and helpers the tests need live under tests/.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 PACKAGES = ("vllm_use", "handlers")
 COMPOSITION_ROOT = "vllm_use.app"
@@ -140,3 +142,15 @@ def test_no_relative_imports() -> None:
         if isinstance(node, ast.ImportFrom) and node.level
     ]
     assert relative == []
+
+
+def test_tests_import_nothing_from_tools() -> None:
+    sources = sorted((REPO / "tests").glob("*.py")) + sorted((REPO / "tests").glob("*/*.py"))
+    assert REPO / "tests" / "conftest.py" in sources and REPO / "tests" / "fakes" / "vllm.py" in sources
+    from_tools = [
+        f"{path.relative_to(REPO)}: {target}"
+        for path in sources
+        for target in _every_import(path)
+        if target == "tools" or target.startswith("tools.")
+    ]
+    assert from_tools == []

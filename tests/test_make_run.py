@@ -9,7 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import REPO, eventually, free_port
+from tests.support import REPO
+from tests.support.server import eventually, free_port
 
 
 def test_make_run_answers_healthz(tmp_path: Path) -> None:

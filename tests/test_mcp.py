@@ -26,8 +26,8 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOC
 
 from handlers.base import BODY_LIMIT
 from handlers.mcp import allowed_hosts, host_allowed
-from tests.conftest import ADMIN_TOKEN, Server, free_port, start_server
-from tests.vllm_fixtures import fake_vllm_bin
+from tests.fakes import fake_vllm_bin
+from tests.support.server import ADMIN_TOKEN, Server, free_port, start_server
 from vllm_use import __version__
 from vllm_use.abilities import build_registry
 from vllm_use.app import build_context, make_app, shutdown

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, Server
+from tests.support import REPO
+from tests.support.server import Server
 from vllm_use.abilities import build_registry
 from vllm_use.scopes import Scope
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Server, start_app, start_server
+from tests.support.server import Server, start_app, start_server
 from vllm_use import storage
 
 # `server` and `start_app` run the Application in this process (tests/conftest.py); a server that

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from tests import conftest
-from tests.conftest import FENCED_ENV, eventually, is_local, sentinel
+from tests.conftest import FENCED_ENV, is_local, sentinel
+from tests.support.server import eventually
 
 OUTSIDE = "203.0.113.7"  # TEST-NET-3 (RFC 5737): never a real host, and refused before any packet
 

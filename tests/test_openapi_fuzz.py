@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from handlers.api import ROUTES
-from tests.conftest import ADMIN_TOKEN, Server, start_server
-from tests.fakehub import FakeHub
+from tests.fakes.hub import FakeHub
+from tests.support.server import ADMIN_TOKEN, Server, start_server
 
 CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
 MAX_EXAMPLES = 25  # per operation and phase; ~5 s a run on 2 cores

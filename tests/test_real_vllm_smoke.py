@@ -11,14 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.vllm_fixtures import (  # noqa: F401 - fixtures
-    VLLM_VERSION,
-    RealVllm,
-    fixture_real_vllm,
-    fixture_tiny_models,
-    group_members,
-    serve_vllm,
-)
+from tests.support.real_vllm import VLLM_VERSION, RealVllm, group_members, serve_vllm
 
 
 def test_vllm_cli_reports_cpu_build_version(real_vllm: RealVllm) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, Server, eventually, free_port, start_server
-from tests.vllm_fixtures import FAKE_VLLM, SETTLE_AFTER_TIMEOUT_S, STOP_BOUND_S, fake_vllm_bin, settle
+from tests.fakes import FAKE_VLLM, fake_vllm_bin
+from tests.support.real_vllm import SETTLE_AFTER_TIMEOUT_S, STOP_BOUND_S, settle
+from tests.support.server import ADMIN_TOKEN, Server, eventually, free_port, start_server
 from vllm_use.runtime.supervisor import REAP_CAP_S
 
 UPSTREAM_KEY = "upstream-secret-key-0123456789"

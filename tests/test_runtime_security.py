@@ -1,7 +1,7 @@
 """The runtime can't be turned against the machine (docs/runtime.md, docs/security.md).
 
 Each test reproduces one way in that an outside review found, against a real `vllm-use serve` and the
-fake vLLM (tools/fake_vllm.py, which records its argv and environment): code or files through
+fake vLLM (tests/fakes/vllm.py, which records its argv and environment): code or files through
 `extra_args`, remote code and models outside the models root without the operator's consent, secrets
 in the children's environment, an open `/v1` on the runtime's loopback port, a foreign process on
 that port taken for vLLM, and a `vllm_use/` package planted in the server's working directory.
@@ -23,8 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port, start_server
-from tests.vllm_fixtures import fake_vllm_bin, group_alive, settle
+from tests.fakes import fake_vllm_bin
+from tests.support import REPO
+from tests.support.real_vllm import group_alive, settle
+from tests.support.server import ADMIN_TOKEN, Server, eventually, free_port, start_server
 
 SECRETS = {
     "GITHUB_TOKEN": "ghp_reviewsecret0123456789abcdef",

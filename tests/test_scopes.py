@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from handlers.api import ROUTES
-from tests.conftest import ADMIN_TOKEN, Server, start_server
+from tests.support.server import ADMIN_TOKEN, Server, start_server
 from vllm_use.abilities import build_registry
 
 READ = ("admin.read", "mcp.read")

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.support.server import Server, start_server
 from vllm_use.app import SHUTDOWN_GRACE_S
 
 STOP_BOUND_S = 2 * SHUTDOWN_GRACE_S  # the grace, then the flushes and closes that follow it

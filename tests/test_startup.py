@@ -19,7 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port, start_server
+from tests.support import REPO
+from tests.support.server import ADMIN_TOKEN, Server, eventually, free_port, start_server
 
 FILE_TOKEN = "file-admin-token-0123456789abcdefXYZ"
 

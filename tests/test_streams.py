@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, Server, eventually, free_port, start_server
-from tests.fakeupstream import FakeUpstream, running
+from tests.fakes import FAKE_VLLM
+from tests.fakes.upstream import FakeUpstream, running
+from tests.support.server import Server, eventually, free_port, start_server
 from vllm_use.gateway.streams import BUFFER_BYTES, MAX_KEPT_PER_KEY, MAX_LIVE_PER_KEY
 
-FAKE_VLLM = REPO / "tools" / "fake_vllm.py"
 BODY = {
     "model": "tiny",
     "stream": True,
@@ -204,7 +204,7 @@ def test_from_with_a_non_ascii_digit_is_400_not_500(gateway: Any) -> None:
             assert r.json()["error"]["code"] == "invalid_arguments"
 
 
-# --- against tests/fakeupstream.py: big chunks, endless streams -------------------------------------
+# --- against tests/fakes/upstream.py: big chunks, endless streams -------------------------------------
 
 MiB = 1024 * 1024
 WORD = "x" * 65536  # one streamed chunk of ~64 KiB per word

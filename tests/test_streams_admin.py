@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Server, eventually, start_server
-from tests.fakeupstream import FakeUpstream, running
+from tests.fakes.upstream import FakeUpstream, running
+from tests.support.server import Server, eventually, start_server
 from vllm_use.gateway.live import LiveRequests
 
 CHAT = {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "hi"}]}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ADMIN_TOKEN, start_server
+from tests.support.server import ADMIN_TOKEN, start_server
 
 
 def write_script(path: Path, body: str) -> Path:

@@ -1,6 +1,6 @@
 """The gateway's upstream client (vllm_use/gateway/upstream.py): keep-alive reuse, and when it must not reuse.
 
-`PooledClient` runs here on its own, inside `asyncio.run`, against `tests/fakeupstream.py` (a fake
+`PooledClient` runs here on its own, inside `asyncio.run`, against `tests/fakes/upstream.py` (a fake
 vLLM on Tornado) and against small raw-socket servers that misbehave on purpose (resets, clean
 hang-ups after a request, byte-by-byte chunked bodies, HTTP/1.0). Through the gateway, the same
 rules are checked in tests/test_gateway.py (keep-alive reuse, a cancelled connection never reused).
@@ -22,7 +22,7 @@ import pytest
 from tornado.httpclient import HTTPRequest, HTTPResponse
 from tornado.iostream import StreamClosedError
 
-from tests.fakeupstream import FakeUpstream, running
+from tests.fakes.upstream import FakeUpstream, running
 from vllm_use.gateway.upstream import PooledClient, UpstreamProtocolError, _Dechunker
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Say hello"}]}

@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, REPO, Server, eventually, free_port
+from tests.support import REPO
+from tests.support.server import ADMIN_TOKEN, Server, eventually, free_port
 
 # What the build reads (setup.cfg: its packages, static/ with the vendored libraries, README.md as
 # the long description). A file the wheel needs from elsewhere fails the content checks below.

@@ -47,7 +47,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import ADMIN_TOKEN, start_server  # noqa: E402
+from tests.support.server import ADMIN_TOKEN, start_server  # noqa: E402
 from vllm_use import keys  # noqa: E402
 from vllm_use.auth import Authenticator  # noqa: E402
 from vllm_use.clock import now_ms  # noqa: E402

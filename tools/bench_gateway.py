@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import free_port, start_server  # noqa: E402
+from tests.support.server import free_port, start_server  # noqa: E402
 
 CHUNKS = 64
 STREAM_CPU_TARGET_MS = 1.0

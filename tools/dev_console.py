@@ -1,8 +1,8 @@
 """Run a whole vllm-use for working on the web console by hand: `.venv/bin/python tools/dev_console.py`.
 
-It starts the real server with the fake `vllm` (tools/fake_vllm.py) and the real `hf` CLI against
+It starts the real server with the fake `vllm` (tests/fakes/vllm.py) and the real `hf` CLI against
 a fake hub that publishes `acme/tiny-chat` (slow, 24 MiB) and `acme/instant` (see
-tests/consolestack.py), prints the console's URL and the admin token, and stops everything on
+tests/support/stack.py), prints the console's URL and the admin token, and stops everything on
 Ctrl-C. Edit files under static/ and reload the page: they are served as they are.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.consolestack import console_stack  # noqa: E402
+from tests.support.stack import console_stack  # noqa: E402
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -1,6 +1,7 @@
 """Generate docs/api_methods.md from the registry and the /api route table.
 
-Run `make docs` after changing a method; tests/test_docs.py fails when the file is stale.
+Run `make docs` after changing a method; tests/test_docs.py fails when the file is stale (it runs
+this script with `--stdout`, which prints the document instead of writing it).
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def render() -> str:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--stdout"]:
+        sys.stdout.buffer.write(render().encode("utf-8"))
+        return 0
     TARGET.parent.mkdir(exist_ok=True)
     TARGET.write_text(render(), encoding="utf-8")
     print(f"wrote {TARGET.relative_to(ROOT)}")

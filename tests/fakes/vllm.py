@@ -12,7 +12,7 @@ It mimics what the real vLLM 0.32 (CPU build) does, as measured in docs/vllm-fac
   deterministic echo, `Echo: <the last user message>`, one piece (token) per word, cut to `max_tokens`
   and to the room the prompt leaves in `--max-model-len` (finish reason `length`); a prompt counts a
   token per word, plus 3 per message (1 for a completion's prompt). Every body, SSE event and error is vLLM 0.32's, from
-  `tools/vllm_shapes.py` (shared with tests/fakeupstream.py; both compared with the real one by
+  `tests/fakes/shapes.py` (shared with tests/fakes/upstream.py; both compared with the real one by
   tests/test_fakes_match_vllm.py): a request without `model` is served by the first served name, an
   unknown one is 404 ``The model `x` does not exist. Valid aliases: …``, a body that is not
   `application/json`, not JSON or not an object is 400, an unknown path 404, a wrong method 405.
@@ -32,7 +32,7 @@ It mimics what the real vLLM 0.32 (CPU build) does, as measured in docs/vllm-fac
   case), like the real one; `/health` and `/version` stay open.
 
 Behaviour knobs (environment variables; all optional). vllm-use gives its children an allow-listed
-environment without them, so tests set them in a wrapper script (`fake_vllm_bin` in tests/vllm_fixtures.py):
+environment without them, so tests set them in a wrapper script (`fake_vllm_bin` in tests/fakes/__init__.py):
 
   FAKE_VLLM_RECORD=/path.json   Write a JSON record: argv, parsed args, unknown args (`extra_args` as
                                 `[{name, values}]`), pid, ppid, pgid, sid, cwd, env, open fds ({fd: target}),
@@ -81,7 +81,7 @@ environment without them, so tests set them in a wrapper script (`fake_vllm_bin`
   FAKE_VLLM_MAX_LIFETIME=600    Safety net: the main process and its children exit by themselves after
                                 this many seconds (0 = never), so a forgotten test process doesn't linger.
 
-Usage in tests: `--vllm-bin /abs/path/tools/fake_vllm.py`; start it with `start_new_session=True` and
+Usage in tests: `--vllm-bin /abs/path/tests/fakes/vllm.py`; start it with `start_new_session=True` and
 signal its process group.
 """
 
@@ -104,9 +104,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 # The shapes live next to this file, which runs as a bare executable (sys.path[0] is its directory,
-# unless PYTHONSAFEPATH says otherwise).
+# unless PYTHONSAFEPATH says otherwise); the tests import them as `tests.fakes.shapes`.
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
-import vllm_shapes as shapes
+import shapes
 
 VERSION = os.environ.get("FAKE_VLLM_VERSION") or "0.32.0+fake"
 CHILD_MARK = "__fake_vllm_child__"

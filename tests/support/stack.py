@@ -17,12 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import Server, free_port, start_server
-from tests.fakehub import FakeHub
-from tests.vllm_fixtures import fake_vllm_bin
+from tests.fakes import FAKE_VLLM, fake_vllm_bin
+from tests.fakes.hub import FakeHub
+from tests.support.server import Server, free_port, start_server
 
-REPO = Path(__file__).resolve().parent.parent
-FAKE_VLLM = REPO / "tools" / "fake_vllm.py"
 HF = str(Path(sys.executable).with_name("hf"))
 MiB = 1024 * 1024
 SLOW_REPO = "acme/tiny-chat"
@@ -57,7 +55,7 @@ def publish(hub: FakeHub) -> None:
 @contextmanager
 def console_stack(root: Path, *flags: str, vllm_knobs: dict[str, object] | None = None) -> Iterator[Stack]:
     """Start the hub and the server under `root`; stop both (and the runtime) afterwards.
-    `vllm_knobs` are the fake vLLM's FAKE_VLLM_* knobs (tests/vllm_fixtures.py `fake_vllm_bin`)."""
+    `vllm_knobs` are the fake vLLM's FAKE_VLLM_* knobs (tests/fakes/__init__.py `fake_vllm_bin`)."""
     vllm = fake_vllm_bin(root / "bin", **vllm_knobs) if vllm_knobs else FAKE_VLLM
     with FakeHub() as hub:
         publish(hub)

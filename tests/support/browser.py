@@ -34,7 +34,8 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+
 SCREENSHOTS = REPO / (os.environ.get("SCREENSHOTS_DIR") or ".cache/screenshots")  # relative to REPO
 CHROMIUM_ARGS = (
     "--no-sandbox",

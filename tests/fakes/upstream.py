@@ -3,8 +3,8 @@
 It runs a Tornado app on ``127.0.0.1`` in a background thread with its own IOLoop, and records what
 it receives: every request (method, path with query, headers in arrival order, raw body bytes,
 arrival time, client port), every connection its client closed while it was still answering, and
-how every connection ended. Every body, SSE event and error comes from `tools/vllm_shapes.py`,
-the shapes `tools/fake_vllm.py` serves too; tests/test_fakes_match_vllm.py compares both with the
+how every connection ended. Every body, SSE event and error comes from `tests/fakes/shapes.py`,
+the shapes `tests/fakes/vllm.py` serves too; tests/test_fakes_match_vllm.py compares both with the
 real vLLM, request for request. It serves:
 
     GET  /health                        200, empty
@@ -19,7 +19,7 @@ real vLLM, request for request. It serves:
                                         ``event: message_stop``
     POST /v1/messages/count_tokens      {"input_tokens": n, "context_management": {…}}
 
-Like vLLM 0.32 (measured; see tools/vllm_shapes.py): a request without ``model`` is answered by the
+Like vLLM 0.32 (measured; see tests/fakes/shapes.py): a request without ``model`` is answered by the
 first of ``models``; an unknown model is 404 ``The model `x` does not exist. Valid aliases: tiny.``;
 a body that is not ``application/json``, not JSON or not an object is 400; with ``api_key`` set
 (``vllm serve --api-key``) a request under /v1 whose first Authorization header is not that Bearer is
@@ -72,7 +72,7 @@ import tornado.netutil
 import tornado.web
 from tornado.iostream import IOStream, StreamClosedError
 
-from tools import vllm_shapes as shapes
+from tests.fakes import shapes
 
 MODEL = "tiny"
 HOLD_MAX_S = 60.0  # `hold_after_first` never holds a stream longer than this

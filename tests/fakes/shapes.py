@@ -1,10 +1,10 @@
 """What vLLM 0.32's HTTP server answers: the one home of the shapes both fakes of it serve.
 
-`tools/fake_vllm.py` (the fake `vllm` executable for the supervisor's tests) and
-`tests/fakeupstream.py` (the in-process upstream for the gateway's tests) parse requests and build
+`tests/fakes/vllm.py` (the fake `vllm` executable for the supervisor's tests) and
+`tests/fakes/upstream.py` (the in-process upstream for the gateway's tests) parse requests and build
 every body, SSE event and error here; each decides only what its "engine" generates and how it
-sends the bytes. Stdlib only and no I/O: `fake_vllm.py` runs as a bare executable and imports this
-file from its own directory, the tests import it as `tools.vllm_shapes` (tools/ is not packaged).
+sends the bytes. Stdlib only and no I/O: `vllm.py` runs as a bare executable and imports this
+file from its own directory (as `shapes`), the tests import it as `tests.fakes.shapes`.
 
 Measured on the real vLLM 0.32.0+cpu serving a tiny Llama (docs/vllm-facts.md), and
 compared again, request for request, by tests/test_fakes_match_vllm.py:

@@ -44,13 +44,11 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, quote, unquote, urlsplit
-
-import pytest
 
 # Suffixes the Hub's default .gitattributes stores in LFS (a subset: the ones model repos use).
 LFS_SUFFIXES = (
@@ -778,14 +776,3 @@ class FakeHub:
         else:
             conn.shutdown(socket.SHUT_RDWR)
         raise _Abort
-
-
-@pytest.fixture
-def fake_hub() -> Iterator[FakeHub]:
-    """A started ``FakeHub``, stopped after the test.
-
-    To use it, import it where pytest looks for fixtures: ``from tests.fakehub import fake_hub  # noqa: F401``
-    in ``tests/conftest.py`` (in a test module, ruff would also flag the parameter as F811).
-    """
-    with FakeHub() as hub:
-        yield hub
