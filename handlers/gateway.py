@@ -348,6 +348,7 @@ class GatewayHandler(JsonHandler):
         """Tornado runs this once the response is done (or the connection closed under it):
         forget the request in `app.live` and audit it. A request refused before a key was
         recognised is not audited: `authenticate` counted it (docs/gateway.md)."""
+        super().on_finish()
         identity = self.identity
         if identity is None or identity.key_id is None:
             return

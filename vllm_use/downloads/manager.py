@@ -233,11 +233,9 @@ class DownloadManager:
         if task_id in self._queue:
             self._queue.remove(task_id)
             self._tokens.pop(task_id, None)
-            await self._finish(
+            await self._cancel(
                 task_id,
                 record.model_id,
-                TaskStatus.CANCELED,
-                model_status=ModelStatus.CANCELED,
                 error="canceled",
             )
         elif task_id in self._workers:
@@ -264,11 +262,9 @@ class DownloadManager:
             self._queue.remove(task_id)
             row = await self.db.run(model_store.task_row, task_id)
             if row is not None:
-                await self._finish(
+                await self._cancel(
                     task_id,
                     row["model_id"],
-                    TaskStatus.CANCELED,
-                    model_status=ModelStatus.CANCELED,
                     error="shutdown",
                 )
         await asyncio.gather(*(self._cancel_worker(task_id) for task_id in list(self._workers)))
@@ -299,11 +295,9 @@ class DownloadManager:
             log.exception("could not persist task %s as running", task_id)
             started = False
         if not started:
-            await self._finish(
+            await self._fail(
                 task_id,
                 record.model_id,
-                TaskStatus.FAILED,
-                model_status=ModelStatus.FAILED,
                 error="could not start",
             )
             return
@@ -318,21 +312,17 @@ class DownloadManager:
             if total is not None:
                 shortfall = await loop.run_in_executor(None, files.disk_shortfall, self.root, target, total)
             if task_id in self._cancel_requested:  # canceled (or shut down) while we got here
-                await self._finish(
+                await self._cancel(
                     task_id,
                     record.model_id,
-                    TaskStatus.CANCELED,
-                    model_status=ModelStatus.CANCELED,
                     error="canceled",
                 )
                 return
             if shortfall is not None:
                 log.warning("download %s: %s", task_id, shortfall)
-                await self._finish(
+                await self._fail(
                     task_id,
                     record.model_id,
-                    TaskStatus.FAILED,
-                    model_status=ModelStatus.FAILED,
                     error=shortfall,
                     bytes_total=total,
                 )
@@ -340,9 +330,7 @@ class DownloadManager:
             proc = self._spawn(record, target, token)
         except (InvalidArguments, OSError) as exc:
             message = exc.message if isinstance(exc, InvalidArguments) else f"cannot start hf: {exc}"
-            await self._finish(
-                task_id, record.model_id, TaskStatus.FAILED, model_status=ModelStatus.FAILED, error=message
-            )
+            await self._fail(task_id, record.model_id, error=message)
             return
         # Tornado keeps one exit callback per child and never reports a reaped child twice:
         # ask once, here, and let every waiter share this future.
@@ -435,11 +423,9 @@ class DownloadManager:
             await loop.run_in_executor(None, files.remove_partials, running.target)
         done = await loop.run_in_executor(None, files.measure, running.target)
         if task_id in self._cancel_requested:
-            await self._finish(
+            await self._cancel(
                 task_id,
                 record.model_id,
-                TaskStatus.CANCELED,
-                model_status=ModelStatus.CANCELED,
                 error="canceled",
                 exit_code=code,
                 bytes_done=done,
@@ -449,11 +435,9 @@ class DownloadManager:
                 size = await loop.run_in_executor(None, files.verify_target, self.root, record.model_id)
             except (InvalidArguments, OSError) as exc:
                 message = exc.message if isinstance(exc, InvalidArguments) else str(exc)
-                await self._finish(
+                await self._fail(
                     task_id,
                     record.model_id,
-                    TaskStatus.FAILED,
-                    model_status=ModelStatus.FAILED,
                     error=message,
                     exit_code=code,
                     bytes_done=done,
@@ -471,11 +455,9 @@ class DownloadManager:
                 )
         else:
             last = buffer.last_line(prefer=b"Error:") or f"hf exited with {code}"
-            await self._finish(
+            await self._fail(
                 task_id,
                 record.model_id,
-                TaskStatus.FAILED,
-                model_status=ModelStatus.FAILED,
                 exit_code=code,
                 error=cut_utf8(last.encode(), ERROR_MAX).decode("utf-8", "ignore"),
                 bytes_done=done,
@@ -484,6 +466,16 @@ class DownloadManager:
         self._progress.pop(task_id, None)
         self._logs.pop(task_id, None)
         log.info("download %s: hf exited with %s", task_id, code)
+
+    async def _fail(self, task_id: str, model_id: str, **fields: Any) -> None:
+        """The task failed, and so did its model's download."""
+        await self._finish(task_id, model_id, TaskStatus.FAILED, model_status=ModelStatus.FAILED, **fields)
+
+    async def _cancel(self, task_id: str, model_id: str, **fields: Any) -> None:
+        """The task was canceled (by a client, a restart or shutdown), and its model's download too."""
+        await self._finish(
+            task_id, model_id, TaskStatus.CANCELED, model_status=ModelStatus.CANCELED, **fields
+        )
 
     async def _finish(self, task_id: str, model_id: str, status: TaskStatus, **fields: Any) -> None:
         """Persist a terminal state and publish it; a failed write makes shutdown exit non-zero."""
