@@ -27,7 +27,9 @@ from vllm_use.auth import parse_bearer
 from vllm_use.errors import (
     InvalidArguments,
     NotFound,
+    OffsetGone,
     PayloadTooLarge,
+    StreamArgumentError,
     TooManyRequests,
     Unauthenticated,
     UpstreamUnavailable,
@@ -183,9 +185,7 @@ class GatewayHandler(JsonHandler):
         if conversation and path == "chat/completions":
             try:
                 if len(conversation) != 1:
-                    raise streams.StreamArgumentError(
-                        "send one X-Conversation-Id header", loc=["X-Conversation-Id"]
-                    )
+                    raise StreamArgumentError("send one X-Conversation-Id header", loc=["X-Conversation-Id"])
                 conv_id, model = streams.parse_conversation_id(conversation[0])
                 assert self.identity is not None and self.identity.key_id is not None
                 self.session = self.app.streams.create(conv_id, self.identity.key_id, model)
@@ -379,7 +379,7 @@ class StreamHandler(GatewayHandler):
     def _session_id(self) -> str:
         raw = self.get_query_argument("conv_id", None)
         if raw is None:
-            raise streams.StreamArgumentError("conv_id is required", loc=["conv_id"])
+            raise StreamArgumentError("conv_id is required", loc=["conv_id"])
         return streams.parse_conversation_id(raw)[0]
 
     async def get(self, path: str) -> None:
@@ -390,7 +390,7 @@ class StreamHandler(GatewayHandler):
             raw_from = self.get_query_argument("from", "0")
             # ASCII digits only: str.isdigit() also accepts "²" or "٣", which int() refuses.
             if not (raw_from.isascii() and raw_from.isdigit()) or len(raw_from) > 18:
-                raise streams.StreamArgumentError("from must be a byte offset", loc=["from"])
+                raise StreamArgumentError("from must be a byte offset", loc=["from"])
             assert self.identity is not None and self.identity.key_id is not None
             session = self.app.streams.get(conv_id, self.identity.key_id)
             if session is None:
@@ -422,7 +422,7 @@ class StreamHandler(GatewayHandler):
                 self.write(held)  # the stream ended: the rest as it is
         except StreamClosedError:
             return
-        except streams.OffsetGone as exc:
+        except OffsetGone as exc:
             # The reader fell more than the buffer behind: a clean end here would pass a stream
             # with a hole off as complete. Say so in the stream (the unfinished event held back
             # is dropped), then end it.
@@ -455,7 +455,7 @@ class StreamHandler(GatewayHandler):
                 raise InvalidArguments("invalid JSON: nested too deep", errors=[{"loc": ["body"]}]) from None
             ids = payload.get("conversation_ids") if isinstance(payload, dict) else None
             if not isinstance(ids, list) or len(ids) > 1000 or not all(isinstance(i, str) for i in ids):
-                raise streams.StreamArgumentError(
+                raise StreamArgumentError(
                     "conversation_ids must be a list of at most 1000 strings", loc=["conversation_ids"]
                 )
             parsed = [streams.parse_conversation_id(i)[0] for i in ids]

@@ -2,12 +2,16 @@
 
     VllmUseError                      code            /api status   MCP
     ├── InvalidArguments              invalid_arguments      400    isError result
+    │   └── StreamArgumentError       invalid_arguments      400    (a bad conv_id or offset; a ValueError too)
+    │       └── OffsetGone            offset_gone            400    (the offset fell off the buffer)
     ├── Unauthenticated               unauthenticated        401    HTTP 401
     ├── PermissionDenied              permission_denied      403    "unknown tool" JSON-RPC error
     ├── NotFound                      not_found              404    isError result
     ├── Conflict                      conflict               409    isError result
     ├── PayloadTooLarge               payload_too_large      413    HTTP 413
     ├── TooManyRequests               too_many_requests      429    HTTP 429 (auth) / isError result
+    │   └── TooManyStreams            too_many_streams       429    (a key's live resumable sessions)
+    ├── TooManySessions               too_many_sessions      503    (the process's live sessions)
     ├── UpstreamUnavailable           upstream_unavailable   502    isError result
     ├── RuntimeFailed                 runtime_failed         502    isError result
     ├── CorruptRecord                 corrupt_record         500    isError result
@@ -122,3 +126,30 @@ class TooManyRequests(VllmUseError):
     def __init__(self, message: str, *, retry_after_s: int = 1, **details: Any) -> None:
         super().__init__(message, retry_after_s=retry_after_s, **details)
         self.retry_after_s = retry_after_s
+
+
+# --- resumable streams (vllm_use/gateway/streams.py) ---------------------------------------------
+
+
+class StreamArgumentError(InvalidArguments, ValueError):
+    """A bad conversation id or offset (400); also a ValueError for callers outside the API."""
+
+
+class OffsetGone(StreamArgumentError):
+    """The requested offset fell off the front of the buffer: a 400 (docs/gateway.md, "Resumable streams")."""
+
+    code = "offset_gone"
+
+
+class TooManySessions(VllmUseError):
+    """The process is full of live sessions: `MAX_SESSIONS` of them (vllm_use/gateway/streams.py), or live
+    buffers holding the whole `BYTE_BUDGET`, and no finished session left to drop for room."""
+
+    code = "too_many_sessions"
+    http_status = 503
+
+
+class TooManyStreams(TooManyRequests):
+    """The key already has `MAX_LIVE_PER_KEY` live resumable sessions (429): stop one, or wait for one to end."""
+
+    code = "too_many_streams"

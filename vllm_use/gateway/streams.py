@@ -43,7 +43,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from vllm_use.clock import iso, now_ms
-from vllm_use.errors import InvalidArguments, TooManyRequests, VllmUseError
+from vllm_use.errors import OffsetGone, StreamArgumentError, TooManySessions, TooManyStreams, VllmUseError
 
 log = logging.getLogger(__name__)
 
@@ -60,30 +60,6 @@ HOLD_MAX_BYTES = 1024 * 1024  # a replay holds at most this much of an unfinishe
 ID_MAX_BYTES = 128
 MODEL_MAX_BYTES = 256
 HEADER = "X-Conversation-Id"
-
-
-class StreamArgumentError(InvalidArguments, ValueError):
-    """A bad conversation id or offset (400); also a ValueError for callers outside the API."""
-
-
-class OffsetGone(StreamArgumentError):
-    """The requested offset fell off the front of the buffer: a 400 (docs/gateway.md, "Resumable streams")."""
-
-    code = "offset_gone"
-
-
-class TooManySessions(VllmUseError):
-    """The process is full of live sessions: `MAX_SESSIONS` of them, or live buffers holding the
-    whole `BYTE_BUDGET`, and no finished session left to drop for room."""
-
-    code = "too_many_sessions"
-    http_status = 503
-
-
-class TooManyStreams(TooManyRequests):
-    """The key already has `MAX_LIVE_PER_KEY` live sessions (429): stop one, or wait for one to end."""
-
-    code = "too_many_streams"
 
 
 class State(enum.StrEnum):
