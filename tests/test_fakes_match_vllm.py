@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -210,6 +211,41 @@ class Exchange:
             length = int(headers.get("content-length", len(rest)))
             body, clean = rest[:length], len(rest) >= length
         return Answer(int(status_line.split()[1]), headers, body, clean)
+
+
+class DrainedExchange(Exchange):
+    """An `Exchange` whose answer a thread reads as it arrives, so that nothing waits unread in the
+    socket while the test does other things: a server that exits may reset the connection, and a
+    reset discards what the client had not read yet."""
+
+    READ_TIMEOUT_S = 120.0  # a quiet stream (its engine stopped) is not a dead one
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._arrived = threading.Condition()
+        self.sock.settimeout(self.READ_TIMEOUT_S)
+        threading.Thread(target=self._drain, name="drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        chunk = b"-"
+        while chunk:
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError:
+                chunk = b""
+            with self._arrived:
+                self.raw += chunk
+                self.eof = not chunk
+                self._arrived.notify_all()
+
+    def read_until(self, done: Callable[[bytes], bool], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        with self._arrived:
+            while not done(self.raw):
+                assert not self.eof, f"the answer ended first: {self.raw[-600:]!r}"
+                left = deadline - time.monotonic()
+                assert left > 0, f"not within {timeout} s: {self.raw[-600:]!r}"
+                self._arrived.wait(left)
 
 
 def _dechunk(raw: bytes) -> tuple[bytes, bool]:
@@ -539,6 +575,8 @@ def test_the_engine_dying_mid_stream_is_answered_in_band_and_the_gateway_says_wh
         name: {path: (a.status, _tail(a, normal[path][name]), a.clean) for path, a in answers.items()}
         for name, answers in {"vllm": real_answers, **fake_answers}.items()
     }
+    chat = real_answers["/v1/chat/completions"]
+    assert ends["vllm"]["/v1/chat/completions"][1], f"vLLM's chat answer: {chat.clean} {chat.body[-1500:]!r}"
     chat_error, done = ends["vllm"]["/v1/chat/completions"][1]
     assert chat_error[1]["error"]["type"] == "InternalServerError" and done == (None, "[DONE]")
     assert ends["vllm"]["/v1/responses"] == (200, [], False)  # cut, not a clean end
@@ -565,7 +603,9 @@ def _kill_the_real_engine(real: VllmServer, gateway: Server, secret: str) -> tup
     (engine,) = [pid for pid, name in group_members(real.pgid) if name == "VLLM::EngineCor"]
     body = {path: json.dumps(b).encode() for path, b in DEATH.items()}
     json_auth = {**AUTH, "Content-Type": "application/json"}
-    chat = Exchange(real.base_url, "POST", "/v1/chat/completions", body["/v1/chat/completions"], json_auth)
+    chat = DrainedExchange(
+        real.base_url, "POST", "/v1/chat/completions", body["/v1/chat/completions"], json_auth
+    )
     chat.read_until(lambda raw: raw.count(b"data: ") >= 3)  # the role chunk and two pieces
     os.kill(engine, signal.SIGSTOP)  # no piece more from here: the others start before any piece
     try:
