@@ -157,6 +157,7 @@ class _Handler(tornado.web.RequestHandler):
         self.clear_header("Content-Type")
 
     def prepare(self) -> None:
+        super().prepare()
         self.fake._record(
             Received(
                 method=self.request.method or "",
@@ -171,6 +172,7 @@ class _Handler(tornado.web.RequestHandler):
             self.set_header(name, value)
 
     def on_connection_close(self) -> None:
+        super().on_connection_close()
         self._note_closed()
 
     def on_finish(self) -> None:
