@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import _imp
+import asyncio
 import gc
 import os
+import signal
+import sys
+import threading
 
 import pytest
+from tornado.process import Subprocess
 
 from vllm_use import children
 
@@ -38,3 +44,66 @@ def test_a_failed_spawn_closes_its_pipe_exactly_once(argv: list[str], cwd: str) 
             for fd in victims:
                 os.close(fd)
         assert set(os.listdir("/proc/self/fd")) == before  # and nothing leaked either
+
+
+def _run(argv: list[str]) -> tuple[bytes, int]:
+    async def main() -> tuple[bytes, int]:
+        proc = children.spawn(argv, {"PATH": "/usr/bin:/bin"}, cwd="/", parent_death=True)
+        assert proc.stdout is not None
+        try:
+            output, code = await asyncio.gather(
+                proc.stdout.read_until_close(), proc.wait_for_exit(raise_error=False)
+            )
+            return output, code
+        finally:
+            Subprocess.uninitialize()  # tornado's SIGCHLD handler belongs to this loop, gone after run()
+
+    return asyncio.run(main())
+
+
+_PDEATHSIG = (
+    "import ctypes, os; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0); "
+    "print(v.value, os.getsid(0) == os.getpid())"
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_that_dies_with_us_is_the_command_itself_with_sigkill_as_its_parent_death_signal() -> None:
+    output, code = _run([sys.executable, "-c", _PDEATHSIG])
+    assert (output.decode().split(), code) == ([str(int(signal.SIGKILL)), "True"], 0)
+
+
+def test_a_missing_executable_is_an_oserror_for_a_child_that_dies_with_us() -> None:
+    with pytest.raises(FileNotFoundError):
+        children.spawn(
+            ["no-such-tool-here", "--version"], {"PATH": "/usr/bin:/bin"}, cwd="/", parent_death=True
+        )
+
+
+def test_a_spawn_runs_no_python_between_fork_and_exec() -> None:
+    """A lock another thread holds at the fork must not stop a spawn: with Python code in the child
+    before exec (a `preexec_fn`), a download once hung the server's event loop for good. Here
+    another thread holds the import lock, which Python's fork for such code takes. It holds it until
+    the spawn is over or a deadline long enough for any machine has passed."""
+    assert _run(["echo", "warm"]) == (b"warm\n", 0)  # imports everything the spawn needs first
+    held, done = threading.Event(), threading.Event()
+    timed_out = threading.Event()
+
+    def hold() -> None:
+        _imp.acquire_lock()
+        try:
+            held.set()
+            if not done.wait(60):
+                timed_out.set()
+        finally:
+            _imp.release_lock()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    held.wait()
+    try:
+        result = _run(["echo", "spawned"])
+    finally:
+        done.set()
+        holder.join()
+    assert (result, timed_out.is_set()) == ((b"spawned\n", 0), False)

@@ -7,6 +7,8 @@
 - Nothing in `vllm_use` imports `handlers` except the composition root, `vllm_use.app`.
 - Nothing in `tests` imports `tools` (tools may use `tests.fakes` and `tests.support`, never the
   other way round): the fakes and helpers the tests need live under tests/.
+- No child runs Python code between `fork` and `exec`: no `preexec_fn` in `vllm_use` (docs/architecture.md,
+  "Children").
 """
 
 from __future__ import annotations
@@ -154,3 +156,13 @@ def test_tests_import_nothing_from_tools() -> None:
         if target == "tools" or target.startswith("tools.")
     ]
     assert from_tools == []
+
+
+def test_no_child_runs_python_between_fork_and_exec() -> None:
+    calls = [
+        f"{name}:{node.lineno}"
+        for name, path in _sources().items()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.keyword) and node.arg == "preexec_fn"
+    ]
+    assert calls == []

@@ -1,8 +1,9 @@
 """Helpers for the children we supervise (`hf` downloads and `vllm serve`).
 
-`die_with_parent` is a `preexec_fn`: on Linux it asks the kernel to SIGKILL the
-child when vllm-use dies, even by SIGKILL (PR_SET_PDEATHSIG), so a crash never
-leaves a download or an engine running unsupervised. Elsewhere it does nothing.
+A child spawned with `parent_death=True` runs through the die_with_parent shim: on
+Linux the kernel SIGKILLs it when vllm-use dies, even by SIGKILL (PR_SET_PDEATHSIG),
+so a crash never leaves a download running unsupervised. No Python code runs
+between `fork` and `exec` here (docs/architecture.md, "Children").
 
 Every child gets an explicit working directory that vllm-use owns, never the
 server's own (whatever lies there must not end up on a child's `sys.path`), and
@@ -11,9 +12,9 @@ the allow-listed environment of `config.child_env()` (docs/security.md).
 
 from __future__ import annotations
 
-import ctypes
+import errno
 import os
-import signal
+import shutil
 import subprocess
 import sys
 
@@ -22,17 +23,7 @@ from tornado.process import Subprocess
 
 from vllm_use.logbuffer import LogBuffer
 
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-_SERVER_PID = os.getpid()  # this module is imported by the server, never first in a child
-
-
-def die_with_parent() -> None:
-    """Runs in the forked child before exec: nothing here may allocate much or take locks."""
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != _SERVER_PID:  # the server died between fork and prctl
-            os._exit(1)
+_SHIM = [sys.executable, "-I", "-m", "vllm_use.die_with_parent"]
 
 
 def spawn(
@@ -41,13 +32,20 @@ def spawn(
     """A supervised child in `cwd`: leader of a new session, stdout and stderr merged into one pipe
     (`proc.stdout`, a PipeIOStream).
 
-    `parent_death` adds `die_with_parent` (for a child that starts no processes of its own;
-    vLLM's tree gets the reaper shim instead, see runtime/reaper.py). Raises OSError.
+    `parent_death` runs `argv` through the die_with_parent shim (for a child that starts no
+    processes of its own; vLLM's tree gets the reaper shim instead, see runtime/reaper.py). The
+    kernel ties that signal to the thread that forks: call this on the IOLoop's thread, never
+    from an executor thread that may end. Raises OSError (FileNotFoundError when `argv[0]` is not
+    an executable on the child's PATH, as a direct spawn would).
 
     The pipe is made here, not by tornado's `Subprocess.STREAM`: when the spawn fails (no such
     executable, a bad cwd), tornado closes the pipe's descriptors and then its half-built stream
     closes the read end again when it is collected — by then that number may be a client's socket.
     """
+    if parent_death:
+        if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+        argv = [*_SHIM, str(os.getpid()), "--", *argv]
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     try:
         proc = Subprocess(
@@ -59,7 +57,6 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=die_with_parent if parent_death else None,
         )
     except BaseException:
         os.close(read_fd)
