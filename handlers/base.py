@@ -26,7 +26,6 @@ from typing import Any
 import tornado.web
 
 from handlers.server import ServerStream
-from vllm_use.auth import parse_bearer
 from vllm_use.context import AppContext
 from vllm_use.errors import (
     InvalidArguments,
@@ -36,6 +35,7 @@ from vllm_use.errors import (
     VllmUseError,
 )
 from vllm_use.executor import Executor
+from vllm_use.keys.authenticator import parse_bearer
 from vllm_use.scopes import Identity, Surface
 
 log = logging.getLogger(__name__)

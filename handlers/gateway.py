@@ -23,7 +23,6 @@ from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 
 from handlers.base import JsonHandler
-from vllm_use.auth import parse_bearer
 from vllm_use.errors import (
     InvalidArguments,
     NotFound,
@@ -38,9 +37,10 @@ from vllm_use.errors import (
 from vllm_use.gateway import streams
 from vllm_use.gateway.aliases import prepare_body_async
 from vllm_use.gateway.audit import new_audit_id, request_id_or
-from vllm_use.gateway.proxy import RESPONSE_DROP, forward_headers, parse_header_lines
+from vllm_use.gateway.headers import RESPONSE_DROP, forward_headers, parse_header_lines
 from vllm_use.gateway.streams import StreamSession
 from vllm_use.gateway.upstream import PooledClient
+from vllm_use.keys.authenticator import parse_bearer
 from vllm_use.scopes import Identity, Surface
 
 log = logging.getLogger(__name__)

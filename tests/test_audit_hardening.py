@@ -17,8 +17,7 @@ import pytest
 
 from tests.fakes.upstream import FakeUpstream, running
 from tests.support.server import Server, eventually, start_server
-from vllm_use.abilities.requests import _read
-from vllm_use.gateway.audit import METHOD_MAX, AuditWriter
+from vllm_use.gateway.audit import METHOD_MAX, AuditWriter, read_newest
 from vllm_use.storage import Database
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
@@ -196,7 +195,7 @@ def test_the_writer_cuts_every_field_to_what_the_reader_accepts(db: Database) ->
         stream=True,
     )
     assert writer.flush_sync()
-    records, corrupt = db.run_sync(_read, 10)
+    records, corrupt = db.query_sync(read_newest, 10)
     assert corrupt == []
     by_id = {r["request_id"]: r for r in records}
     assert by_id["cut"]["method"] == "X" * METHOD_MAX

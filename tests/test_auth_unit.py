@@ -10,31 +10,36 @@ from pathlib import Path
 
 import pytest
 
-from vllm_use import auth as auth_mod
-from vllm_use import keys
-from vllm_use.auth import Authenticator, parse_bearer
 from vllm_use.clock import now_ms
 from vllm_use.errors import Unauthenticated
+from vllm_use.keys import authenticator as auth_mod
+from vllm_use.keys import material
+from vllm_use.keys import store as key_store
+from vllm_use.keys.authenticator import Authenticator, parse_bearer
 from vllm_use.scopes import Surface
-from vllm_use.storage import ApiKey, Database
+from vllm_use.storage import ApiKeyTable, Database
 
 ADMIN = "unit-admin-token-0123456789"
 
 
 def insert_key(db: Database, scopes: list[str]) -> tuple[str, str]:
-    secret, key_id, salt = keys.new_secret(), keys.new_key_id(), secrets.token_bytes(keys.SALT_LEN)
+    secret, key_id, salt = (
+        material.new_secret(),
+        material.new_key_id(),
+        secrets.token_bytes(material.SALT_LEN),
+    )
     row = {
         "id": key_id,
         "name": "unit",
-        "prefix": secret[: keys.PREFIX_LEN],
+        "prefix": secret[: material.PREFIX_LEN],
         "salt": salt.hex(),
-        "hash": keys.derive(secret, salt).hex(),
+        "hash": material.derive(secret, salt).hex(),
         "enabled": 1,
         "scopes": json.dumps(scopes),
         "created_at": now_ms(),
         "last_used_at": None,
     }
-    db.run_sync(lambda: ApiKey.insert(**row).execute())
+    db.run_sync(lambda: ApiKeyTable.insert(**row).execute())
     return key_id, secret
 
 
@@ -50,14 +55,14 @@ def db(tmp_path: Path):
 def hold_scrypt(monkeypatch) -> tuple[threading.Event, threading.Event]:
     """Make scrypt wait: `started` is set when a derivation begins, it finishes after `release`."""
     started, release = threading.Event(), threading.Event()
-    real = keys.matches
+    real = material.matches
 
     def slow_matches(*args):
         started.set()
         release.wait(10)
         return real(*args)
 
-    monkeypatch.setattr(auth_mod.keys, "matches", slow_matches)
+    monkeypatch.setattr(auth_mod.material, "matches", slow_matches)
     return started, release
 
 
@@ -84,7 +89,7 @@ def test_key_disabled_during_derivation_does_not_authenticate(db: Database, monk
         attempt = asyncio.ensure_future(authenticator.authenticate(secret))
         await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
         authenticator.forget(key_id)
-        await db.run(lambda: ApiKey.update(enabled=0).where(ApiKey.id == key_id).execute())
+        await db.run(lambda: ApiKeyTable.update(enabled=0).where(ApiKeyTable.id == key_id).execute())
         release.set()
         with pytest.raises(Unauthenticated):
             await attempt
@@ -96,8 +101,8 @@ def test_key_disabled_during_derivation_does_not_authenticate(db: Database, monk
 def test_repeat_authentication_does_not_pay_scrypt_again(db: Database, monkeypatch) -> None:
     _, secret = insert_key(db, ["admin.read"])
     calls = []
-    real = keys.matches
-    monkeypatch.setattr(auth_mod.keys, "matches", lambda *a: calls.append(1) or real(*a))
+    real = material.matches
+    monkeypatch.setattr(auth_mod.material, "matches", lambda *a: calls.append(1) or real(*a))
 
     async def scenario() -> None:
         authenticator = Authenticator(db, ADMIN)
@@ -117,7 +122,7 @@ def test_forget_makes_the_next_request_reread_sqlite(db: Database) -> None:
         authenticator = Authenticator(db, ADMIN)
         await authenticator.authenticate(secret)
         authenticator.forget(key_id)
-        await db.run(lambda: ApiKey.delete().where(ApiKey.id == key_id).execute())
+        await db.run(lambda: ApiKeyTable.delete().where(ApiKeyTable.id == key_id).execute())
         with pytest.raises(Unauthenticated):
             await authenticator.authenticate(secret)
         authenticator.close()
@@ -134,7 +139,7 @@ def test_cached_key_is_rechecked_against_sqlite_after_the_revalidation_period(
         authenticator = Authenticator(db, ADMIN)
         await authenticator.authenticate(secret)
         # disabled behind our back (by hand in SQLite): the cache notices at the next recheck
-        await db.run(lambda: ApiKey.update(enabled=0).where(ApiKey.id == key_id).execute())
+        await db.run(lambda: ApiKeyTable.update(enabled=0).where(ApiKeyTable.id == key_id).execute())
         monkeypatch.setattr(auth_mod, "REVALIDATE_S", 0.0)
         with pytest.raises(Unauthenticated):
             await authenticator.authenticate(secret)
@@ -158,8 +163,8 @@ def test_admin_token_and_wrong_secrets(db: Database) -> None:
 def test_concurrent_first_requests_with_one_key_share_one_scrypt(db: Database, monkeypatch) -> None:
     _, secret = insert_key(db, ["admin.read"])
     calls = []
-    real = keys.matches
-    monkeypatch.setattr(auth_mod.keys, "matches", lambda *a: calls.append(1) or real(*a))
+    real = material.matches
+    monkeypatch.setattr(auth_mod.material, "matches", lambda *a: calls.append(1) or real(*a))
 
     async def scenario() -> None:
         authenticator = Authenticator(db, ADMIN)
@@ -180,7 +185,7 @@ def test_a_request_after_disable_does_not_join_an_older_verification(db: Databas
         first = asyncio.ensure_future(authenticator.authenticate(secret))
         await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
         authenticator.forget(key_id)
-        await db.run(lambda: ApiKey.update(enabled=0).where(ApiKey.id == key_id).execute())
+        await db.run(lambda: ApiKeyTable.update(enabled=0).where(ApiKeyTable.id == key_id).execute())
         second = asyncio.ensure_future(authenticator.authenticate(secret))
         release.set()
         for attempt in (first, second):
@@ -196,21 +201,21 @@ def test_a_request_after_disable_does_not_join_an_older_verification(db: Databas
 
 def wrong_secret_for(secret: str) -> str:
     """Another well-formed secret with the same display prefix: it costs a scrypt, then fails."""
-    return secret[: keys.PREFIX_LEN] + "".join(
-        secrets.choice("abcdefghij") for _ in range(51 - keys.PREFIX_LEN)
+    return secret[: material.PREFIX_LEN] + "".join(
+        secrets.choice("abcdefghij") for _ in range(51 - material.PREFIX_LEN)
     )
 
 
 def count_prefix_reads(monkeypatch) -> list[str]:
     reads: list[str] = []
-    real = auth_mod._rows_with_prefix
+    real = key_store.rows_with_prefix
 
-    def counting(prefix: str):
-        rows = real(prefix)
+    def counting(db: Database, prefix: str):
+        rows = real(db, prefix)
         reads.append(prefix)
         return rows
 
-    monkeypatch.setattr(auth_mod, "_rows_with_prefix", counting)
+    monkeypatch.setattr(key_store, "rows_with_prefix", counting)
     return reads
 
 
@@ -334,7 +339,7 @@ def test_a_key_changed_once_its_scrypt_is_done_is_not_handed_out(db: Database, m
     """`forget` lands after the publishing UPDATE but before the waiting request resumes: the
     identity must not slip past the revocation (the handler would register it as live)."""
     key_id, secret = insert_key(db, ["admin.read"])
-    real_confirm = auth_mod._confirm
+    real_confirm = key_store.confirm
 
     async def scenario() -> None:
         authenticator = Authenticator(db, ADMIN)
@@ -345,10 +350,10 @@ def test_a_key_changed_once_its_scrypt_is_done_is_not_handed_out(db: Database, m
             loop.call_soon_threadsafe(authenticator.forget, key_id)  # runs before we resume
             return ok
 
-        monkeypatch.setattr(auth_mod, "_confirm", confirm_then_revoke)
+        monkeypatch.setattr(key_store, "confirm", confirm_then_revoke)
         with pytest.raises(Unauthenticated):
             await authenticator.authenticate(secret)
-        monkeypatch.setattr(auth_mod, "_confirm", real_confirm)
+        monkeypatch.setattr(key_store, "confirm", real_confirm)
         assert (await authenticator.authenticate(secret)).key_id == key_id  # not revoked: fine again
         authenticator.close()
 

@@ -1,4 +1,4 @@
-"""Supervised children (vllm_use/children.py): what a spawn leaves behind when it fails."""
+"""Supervised children (vllm_use/processes/children.py): what a spawn leaves behind when it fails."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import threading
 import pytest
 from tornado.process import Subprocess
 
-from vllm_use import children
+from vllm_use.processes import children
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,9 @@
 - Nothing in `vllm_use` imports `handlers` except the composition root, `vllm_use.app`.
 - Nothing in `tests` imports `tools` (tools may use `tests.fakes` and `tests.support`, never the
   other way round): the fakes and helpers the tests need live under tests/.
+- Each table is queried in one home: its peewee class is named only in storage.py (the declaration)
+  and its domain's store, and nothing reaches for peewee's private `_meta.database` (docs/architecture.md,
+  "Storage").
 - No child runs Python code between `fork` and `exec`: no `preexec_fn` in `vllm_use` (docs/architecture.md,
   "Children").
 """
@@ -166,3 +169,65 @@ def test_no_child_runs_python_between_fork_and_exec() -> None:
         if isinstance(node, ast.keyword) and node.arg == "preexec_fn"
     ]
     assert calls == []
+
+
+TABLE_HOMES = {
+    "ApiKeyTable": {"vllm_use.keys.store"},
+    "SettingTable": {"vllm_use.settings"},
+    "AuditTable": {"vllm_use.gateway.audit"},
+    "ModelTable": {"vllm_use.models.store"},
+    "DownloadTaskTable": {"vllm_use.models.store"},
+}
+# The SQL table names, which raw queries name instead of the class.
+SQL_NAMES = {
+    "ApiKeyTable": "api_keys",
+    "SettingTable": "settings",
+    "AuditTable": "audit_records",
+    "ModelTable": "models",
+    "DownloadTaskTable": "download_tasks",
+}
+
+
+def test_each_table_is_queried_only_in_its_store() -> None:
+    from vllm_use import storage
+
+    assert {table.__name__ for table in storage.TABLES} == set(TABLE_HOMES)
+    assert {table.__name__: table._meta.table_name for table in storage.TABLES} == SQL_NAMES
+    strays = []
+    for name, path in _sources().items():
+        if name == "vllm_use.storage":
+            continue
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        named = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        named |= {
+            alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names
+        }
+        sql = " ".join(
+            node.value.upper()
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        )
+        for table, homes in TABLE_HOMES.items():
+            in_sql = any(f"{verb} {SQL_NAMES[table].upper()}" in sql for verb in ("FROM", "INTO", "UPDATE"))
+            if (table in named or in_sql) and name not in homes:
+                strays.append(f"{name}: {table}")
+        if "_meta.database" in text:
+            strays.append(f"{name}: _meta.database")
+    assert strays == []
+
+
+def test_every_package_is_listed_for_the_wheel() -> None:
+    """setup.cfg names its packages one by one: a new package left out would be missing from an
+    installed vllm-use while the editable checkout still finds it."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg", encoding="utf-8")
+    listed = set(config["options"]["packages"].split())
+    on_disk = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for package in PACKAGES
+        for init in (REPO / package).rglob("__init__.py")
+    }
+    assert on_disk <= listed, sorted(on_disk - listed)

@@ -19,7 +19,7 @@ import pytest
 from vllm_use import storage
 from vllm_use.clock import now_ms
 from vllm_use.errors import ConfigError
-from vllm_use.storage import Database, Setting
+from vllm_use.storage import Database, SettingTable
 
 SENSITIVE_KEYS = [
     "token",
@@ -281,8 +281,8 @@ def test_models_read_and_write_through_async_run_on_the_sqlite_thread(
 
     def write_and_read() -> tuple[str, str]:
         with db.atomic():
-            Setting.create(key="theme", value="dark", updated_at=now_ms())
-        return Setting.get(Setting.key == "theme").value, threading.current_thread().name
+            SettingTable.create(key="theme", value="dark", updated_at=now_ms())
+        return SettingTable.get(SettingTable.key == "theme").value, threading.current_thread().name
 
     async def main() -> tuple[str, str]:
         return await db.run(write_and_read)
@@ -295,10 +295,10 @@ def test_models_read_and_write_through_async_run_on_the_sqlite_thread(
 
 def test_reopening_a_current_database_keeps_its_rows(open_db: Callable[[], Database], db_path: Path) -> None:
     db = open_db()
-    db.run_sync(lambda: Setting.create(key="theme", value="light", updated_at=now_ms()))
+    db.run_sync(lambda: SettingTable.create(key="theme", value="light", updated_at=now_ms()))
     db.close()
     db = open_db()
-    assert db.run_sync(lambda: [(s.key, s.value) for s in Setting.select()]) == [("theme", "light")]
+    assert db.run_sync(lambda: [(s.key, s.value) for s in SettingTable.select()]) == [("theme", "light")]
 
 
 def test_debug_logging_never_records_stored_values(
@@ -306,6 +306,41 @@ def test_debug_logging_never_records_stored_values(
 ) -> None:
     db = open_db()
     with caplog.at_level(logging.DEBUG):
-        db.run_sync(lambda: Setting.create(key="theme", value="value-that-must-not-be-logged", updated_at=1))
-        db.run_sync(lambda: Setting.get(Setting.key == "theme"))
+        db.run_sync(
+            lambda: SettingTable.create(key="theme", value="value-that-must-not-be-logged", updated_at=1)
+        )
+        db.run_sync(lambda: SettingTable.get(SettingTable.key == "theme"))
     assert "value-that-must-not-be-logged" not in caplog.text
+
+
+def _shape(connection: sqlite3.Connection, table: str) -> dict[str, object]:
+    """What a table is, as SQLite reports it: its columns and its indexes (by columns and
+    uniqueness, not by name)."""
+    columns = [row[1:6] for row in connection.execute(f"PRAGMA table_info({table})")]  # name … pk
+    indexes = set()
+    for _, name, unique, *_ in connection.execute(f"PRAGMA index_list({table})"):
+        indexed = tuple(row[2] for row in connection.execute(f"PRAGMA index_info({name})"))
+        indexes.add((indexed, bool(unique)))
+    return {"columns": columns, "indexes": indexes}
+
+
+def test_the_migrations_build_exactly_the_tables_the_classes_declare(open_db, tmp_path: Path) -> None:
+    """Each table is declared once, by its peewee class: the schema that the migrations (and the
+    start-up checks) leave behind equals the one peewee would create from the classes."""
+    open_db().close()
+    migrated = sqlite3.connect(tmp_path / "vllm-use.db")
+    declared_db = peewee.SqliteDatabase(":memory:")
+    with declared_db.bind_ctx(storage.TABLES, bind_refs=False, bind_backrefs=False):
+        declared_db.create_tables(storage.TABLES)
+        declared = declared_db.connection()
+        tables = sorted(table._meta.table_name for table in storage.TABLES)
+        assert tables == sorted(storage.EXPECTED_TABLES)
+        on_disk = [
+            name
+            for (name,) in migrated.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if not name.startswith("sqlite_")
+        ]
+        assert sorted(on_disk) == tables
+        for table in tables:
+            assert _shape(migrated, table) == _shape(declared, table), table
+    migrated.close()

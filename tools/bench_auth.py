@@ -4,7 +4,7 @@
 Not a test: it prints numbers, compared against targets, for docs/performance.md. One run measures:
 
 1. GIL probe (in-process, no server): the lag of an asyncio loop while 20 scrypt derivations run
-   in a 1- and a 2-thread pool, for `cryptography`'s `Scrypt.derive` (what vllm_use.keys uses),
+   in a 1- and a 2-thread pool, for `cryptography`'s `Scrypt.derive` (what vllm_use.keys.material uses),
    for `hashlib.scrypt` with the same parameters, and for two controls as long as one
    derivation: `time.sleep` (releases the GIL, no CPU) and a C loop that holds the GIL. If a
    derivation held the GIL, the loop would stall like the second control.
@@ -48,10 +48,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.support.server import ADMIN_TOKEN, start_server  # noqa: E402
-from vllm_use import keys  # noqa: E402
-from vllm_use.auth import Authenticator  # noqa: E402
 from vllm_use.clock import now_ms  # noqa: E402
-from vllm_use.storage import ApiKey, Database  # noqa: E402
+from vllm_use.keys import material  # noqa: E402
+from vllm_use.keys.authenticator import Authenticator  # noqa: E402
+from vllm_use.storage import ApiKeyTable, Database  # noqa: E402
 
 REPEAT_TARGET_MS = 0.1
 HEALTHZ_P99_TARGET_MS = 5.0
@@ -127,18 +127,18 @@ SECRET = b"vu_" + b"A" * 48
 
 
 def derive_cryptography() -> None:
-    keys.derive(SECRET.decode(), SALT)
+    material.derive(SECRET.decode(), SALT)
 
 
 def derive_hashlib() -> None:
     hashlib.scrypt(
         SECRET,
         salt=SALT,
-        n=keys.SCRYPT_N,
-        r=keys.SCRYPT_R,
-        p=keys.SCRYPT_P,
+        n=material.SCRYPT_N,
+        r=material.SCRYPT_R,
+        p=material.SCRYPT_P,
         maxmem=64 << 20,
-        dklen=keys.HASH_LEN,
+        dklen=material.HASH_LEN,
     )
 
 
@@ -228,7 +228,7 @@ async def gil_probe() -> dict[str, Any]:
 
 
 def _insert(record: dict[str, Any]) -> None:
-    ApiKey.insert(**record).execute()
+    ApiKeyTable.insert(**record).execute()
 
 
 async def repeat_auth(calls: int) -> dict[str, float]:
@@ -237,12 +237,12 @@ async def repeat_auth(calls: int) -> dict[str, float]:
         db.open()
         auth = Authenticator(db, ADMIN_TOKEN)
         try:
-            secret, salt = keys.new_secret(), secrets.token_bytes(keys.SALT_LEN)
+            secret, salt = material.new_secret(), secrets.token_bytes(material.SALT_LEN)
             digest = await auth.derive(secret, salt)
             record = {
-                "id": keys.new_key_id(),
+                "id": material.new_key_id(),
                 "name": "bench",
-                "prefix": secret[: keys.PREFIX_LEN],
+                "prefix": secret[: material.PREFIX_LEN],
                 "salt": salt.hex(),
                 "hash": digest.hex(),
                 "enabled": 1,

@@ -26,7 +26,6 @@ from handlers.base import NotFoundJson
 from handlers.server import GuardedHTTPServer, connection_limit
 from vllm_use import fsafety
 from vllm_use.abilities import build_registry
-from vllm_use.auth import FLUSH_S, Authenticator
 from vllm_use.config import Config
 from vllm_use.context import AppContext
 from vllm_use.downloads.manager import DownloadManager
@@ -36,6 +35,7 @@ from vllm_use.gateway.audit import AuditWriter
 from vllm_use.gateway.live import LiveRequests
 from vllm_use.gateway.streams import StreamRegistry
 from vllm_use.gateway.upstream import PooledClient
+from vllm_use.keys.authenticator import FLUSH_S, Authenticator
 from vllm_use.recovery import recover
 from vllm_use.runtime.supervisor import Supervisor
 from vllm_use.storage import Database

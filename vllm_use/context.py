@@ -14,12 +14,12 @@ from vllm_use.runtime.supervisor import RuntimeState
 from vllm_use.scopes import Identity, Surface
 
 if TYPE_CHECKING:
-    from vllm_use.auth import Authenticator
     from vllm_use.downloads.manager import DownloadManager
     from vllm_use.gateway.audit import AuditWriter
     from vllm_use.gateway.live import LiveRequests
     from vllm_use.gateway.streams import StreamRegistry
     from vllm_use.gateway.upstream import PooledClient
+    from vllm_use.keys.authenticator import Authenticator
     from vllm_use.registry import Registry
     from vllm_use.runtime.supervisor import Supervisor
     from vllm_use.storage import Database

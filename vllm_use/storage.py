@@ -4,8 +4,14 @@ One file, `<data-dir>/vllm-use.db`, in WAL mode, a regular file (never a symlink
 
 Threading: every SQLite call runs on ONE dedicated thread owned by `Database`. The event loop
 awaits `Database.run(fn, ...)`, so it never blocks on disk, and peewee's per-thread connection
-is always the same one. Functions handed to `run`/`run_sync` use the models below and
-`Database.atomic()`; they must not be called from any other thread.
+is always the same one.
+
+Each table is declared once, by its peewee class below (`*Table`); tests/test_storage.py proves
+that the migrations build exactly what the classes declare. Each table's queries live in its
+domain's store and nowhere else: `api_keys` in keys/store.py, `settings` in settings.py,
+`audit_records` in gateway/audit.py, `models` and `download_tasks` in models/store.py. A store
+function takes the `Database` as its first argument and runs on the DB thread: callers hand it to
+`Database.query` (or `query_sync` at start-up and shutdown), never call it from another thread.
 
 Schema versions live in `PRAGMA user_version`. `MIGRATIONS[n]` takes a version-n database to
 version n+1; `open()` applies the missing ones and the new user_version in ONE transaction, so a
@@ -16,8 +22,8 @@ Everything read back is untrusted: the models use plain integer/text fields, not
 or JSON fields that would coerce bad rows silently; abilities validate rows and raise
 `CorruptRecord`.
 
-The models are module-level and bound to the database at `open()`: one open `Database` per
-process (tests open and close them in turn).
+The table classes are module-level and bound to the database at `open()`: one open `Database`
+per process (tests open and close them in turn).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import peewee
 
@@ -46,6 +52,7 @@ log = logging.getLogger(__name__)
 logging.getLogger("peewee").setLevel(logging.INFO)
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 OPTION = "--data-dir"
 SCHEMA_VERSION = 3
@@ -89,7 +96,7 @@ SCHEMA_V2: tuple[str, ...] = (
 SCHEMA_V3: tuple[str, ...] = (
     # `dir` is the model's directory name directly under the models root: one managed directory ↔ one
     # record (docs/models-and-downloads.md). The unique index is re-asserted at every start
-    # (vllm_use.models).
+    # (vllm_use.models.store).
     """CREATE TABLE models (
         id TEXT PRIMARY KEY,
         name TEXT NOT NULL,
@@ -147,13 +154,17 @@ def _apply_ddl(statements: Sequence[str]) -> Callable[[peewee.SqliteDatabase], N
 MIGRATIONS: list[Callable[[peewee.SqliteDatabase], None]] = [_apply_ddl(ddl) for ddl in SCHEMA_DDL]
 
 
-class _Model(peewee.Model):
+class _Table(peewee.Model):
+    """The base of the table declarations. A `TEXT PRIMARY KEY` column of ours has no `NOT NULL` (the
+    published DDL above never said it, and SQLite then allows NULL there), so each one is declared
+    `null=True`: the classes describe the tables as they are. Rows are validated on read anyway."""
+
     class Meta:
         legacy_table_names = False
 
 
-class ApiKey(_Model):
-    id = peewee.TextField(primary_key=True)
+class ApiKeyTable(_Table):
+    id = peewee.TextField(primary_key=True, null=True)
     name = peewee.TextField()
     prefix = peewee.TextField(index=True)
     salt = peewee.TextField()  # hex
@@ -167,8 +178,8 @@ class ApiKey(_Model):
         table_name = "api_keys"
 
 
-class Setting(_Model):
-    key = peewee.TextField(primary_key=True)
+class SettingTable(_Table):
+    key = peewee.TextField(primary_key=True, null=True)
     value = peewee.TextField()
     updated_at = peewee.IntegerField()  # unix ms
 
@@ -176,8 +187,8 @@ class Setting(_Model):
         table_name = "settings"
 
 
-class AuditRecord(_Model):
-    audit_id = peewee.TextField(primary_key=True)
+class AuditTable(_Table):
+    audit_id = peewee.TextField(primary_key=True, null=True)
     request_id = peewee.TextField()
     key_id = peewee.TextField(null=True)
     method = peewee.TextField()
@@ -192,13 +203,13 @@ class AuditRecord(_Model):
         table_name = "audit_records"
 
 
-class Model(_Model):
-    id = peewee.TextField(primary_key=True)  # 32 lowercase hex
+class ModelTable(_Table):
+    id = peewee.TextField(primary_key=True, null=True)  # 32 lowercase hex
     name = peewee.TextField()
     source = peewee.TextField()  # local | huggingface
     repository = peewee.TextField(null=True)
     revision = peewee.TextField(null=True)
-    dir = peewee.TextField(null=True)  # directory name under the models root
+    dir = peewee.TextField(null=True, unique=True)  # directory name under the models root
     status = peewee.TextField()
     size_bytes = peewee.IntegerField(null=True)
     error = peewee.TextField(null=True)
@@ -209,9 +220,9 @@ class Model(_Model):
         table_name = "models"
 
 
-class DownloadTask(_Model):
-    id = peewee.TextField(primary_key=True)
-    model_id = peewee.TextField()
+class DownloadTaskTable(_Table):
+    id = peewee.TextField(primary_key=True, null=True)
+    model_id = peewee.TextField(index=True)
     repository = peewee.TextField()
     revision = peewee.TextField()
     status = peewee.TextField()  # pending | running | succeeded | failed | canceled
@@ -227,7 +238,13 @@ class DownloadTask(_Model):
         table_name = "download_tasks"
 
 
-MODELS: tuple[type[peewee.Model], ...] = (ApiKey, Setting, AuditRecord, Model, DownloadTask)
+TABLES: tuple[type[peewee.Model], ...] = (
+    ApiKeyTable,
+    SettingTable,
+    AuditTable,
+    ModelTable,
+    DownloadTaskTable,
+)
 
 
 def _read_only_version(path: Path) -> int:
@@ -273,6 +290,21 @@ class Database:
         """A peewee transaction/savepoint context; only on the DB thread (inside `run`)."""
         return self._db.atomic()
 
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """Run one SQL statement; the sqlite3 cursor. Only on the DB thread."""
+        return self._db.execute_sql(sql, params)
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """The rows of a SELECT as dicts of the values exactly as stored, not coerced by peewee:
+        rows are untrusted and their domain validates them. Only on the DB thread."""
+        cursor = self._db.execute_sql(sql, params)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def connection(self) -> sqlite3.Connection:
+        """The sqlite3 connection itself. Only on the DB thread."""
+        return self._db.connection()
+
     # -- running work on the DB thread ----------------------------------------------------------
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -282,6 +314,15 @@ class Database:
         """
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)
+
+    async def query(self, fn: Callable[Concatenate[Database, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a store function `fn(self, *args, **kwargs)` on the DB thread and await its result."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(self, *args, **kwargs))
+
+    def query_sync(self, fn: Callable[Concatenate[Database, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`query` for start-up and shutdown: waits, never on the IOLoop."""
+        return self.run_sync(lambda: fn(self, *args, **kwargs))
 
     def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` on the DB thread and wait: for start-up and shutdown, never on the IOLoop."""
@@ -359,7 +400,7 @@ class Database:
             mode = self._db.execute_sql("PRAGMA journal_mode").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise ConfigError(OPTION, f"cannot enable WAL journal mode on {self.path} (got {mode!r})")
-            self._db.bind(MODELS, bind_refs=False, bind_backrefs=False)
+            self._db.bind(TABLES, bind_refs=False, bind_backrefs=False)
             self._migrate()
             self._purge_sensitive_settings()
             self._secure_sidecars()

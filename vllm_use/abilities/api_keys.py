@@ -16,14 +16,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
-from vllm_use import keys
 from vllm_use.clock import now_ms
 from vllm_use.context import Call
 from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
 from vllm_use.fields import KEY_ID_RE, NO_CONTROL, KeyId
+from vllm_use.keys import material, store
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.scopes import ADMIN_WRITE, KEYS_READ, Surface
-from vllm_use.storage import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ ScopeName = Literal[
 ]
 KeyName = Annotated[
     str,
-    StringConstraints(min_length=1, max_length=keys.NAME_MAX_BYTES, pattern=NO_CONTROL),
+    StringConstraints(min_length=1, max_length=material.NAME_MAX_BYTES, pattern=NO_CONTROL),
     Field(description="1 to 128 UTF-8 bytes, no control characters"),
 ]
 
@@ -89,37 +88,9 @@ class Deleted(Result):
     deleted: str
 
 
-def _insert(record: dict[str, Any]) -> None:
-    ApiKey.insert(**record).execute()
-
-
-def _all_rows() -> list[dict[str, Any]]:
-    db = ApiKey._meta.database
-    cursor = db.execute_sql("SELECT * FROM api_keys ORDER BY created_at, id")
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-
-def _one_row(key_id: str) -> dict[str, Any] | None:
-    db = ApiKey._meta.database
-    cursor = db.execute_sql("SELECT * FROM api_keys WHERE id = ?", (key_id,))
-    names = [d[0] for d in cursor.description]
-    row = cursor.fetchone()
-    return dict(zip(names, row, strict=True)) if row else None
-
-
-def _set_enabled(key_id: str, enabled: bool) -> dict[str, Any] | None:
-    ApiKey.update(enabled=int(enabled)).where(ApiKey.id == key_id).execute()
-    return _one_row(key_id)
-
-
-def _delete(key_id: str) -> int:
-    return ApiKey.delete().where(ApiKey.id == key_id).execute()
-
-
 def _listed(row: dict[str, Any], call: Call) -> dict[str, Any]:
     try:
-        record = keys.parse_row(row)
+        record = material.parse_row(row)
     except CorruptRecord as exc:
         raw_id = row.get("id")
         return {
@@ -177,11 +148,11 @@ async def _check_target(call: Call, key_id: str) -> None:
     """Over MCP, the key to change must exist and hold no admin.* scope (a corrupt row: refused)."""
     if call.surface is not Surface.MCP:
         return
-    row = await call.app.db.run(_one_row, key_id)
+    row = await call.app.db.query(store.one_row, key_id)
     if row is None:
         raise NotFound(f"no api key with id {key_id}")
     try:
-        scopes = [s.value for s in keys.parse_row(row).scopes]
+        scopes = [s.value for s in material.parse_row(row).scopes]
     except CorruptRecord:
         raise InvalidArguments(
             f"invalid arguments: id: key {key_id} is corrupt; {_OVER_API_ONLY}", errors=[{"loc": ["id"]}]
@@ -192,12 +163,12 @@ async def _check_target(call: Call, key_id: str) -> None:
 async def _mutate_enabled(call: Call, key_id: str, enabled: bool) -> dict[str, Any]:
     await _check_target(call, key_id)
     call.app.auth.forget(key_id)
-    row = await call.app.db.run(_set_enabled, key_id, enabled)
+    row = await call.app.db.query(store.set_enabled, key_id, enabled)
     if not enabled:
         _cut_off(call, key_id, deleted=row is None)  # a row gone meanwhile: nothing may outlive it
     if row is None:
         raise NotFound(f"no api key with id {key_id}")
-    record = keys.parse_row(row)
+    record = material.parse_row(row)
     return {"key": record.public(call.app.auth.pending_last_used(key_id))}
 
 
@@ -210,18 +181,22 @@ def register(registry: Registry) -> None:
         ADMIN_WRITE,
     )
     async def create(call: Call, args: CreateArgs) -> dict[str, Any]:
-        keys.validate_name(args.name)
+        material.validate_name(args.name)
         if len(set(args.scopes)) != len(args.scopes):
             raise InvalidArguments(
                 "scopes must be distinct", errors=[{"loc": ["scopes"], "msg": "duplicate scope"}]
             )
         _refuse_admin_scopes_over_mcp(call, args.scopes, "scopes")
-        secret, key_id, salt = keys.new_secret(), keys.new_key_id(), secrets.token_bytes(keys.SALT_LEN)
+        secret, key_id, salt = (
+            material.new_secret(),
+            material.new_key_id(),
+            secrets.token_bytes(material.SALT_LEN),
+        )
         digest = await call.app.auth.derive(secret, salt)
         record = {
             "id": key_id,
             "name": args.name,
-            "prefix": secret[: keys.PREFIX_LEN],
+            "prefix": secret[: material.PREFIX_LEN],
             "salt": salt.hex(),
             "hash": digest.hex(),
             "enabled": 1,
@@ -229,12 +204,12 @@ def register(registry: Registry) -> None:
             "created_at": now_ms(),
             "last_used_at": None,
         }
-        await call.app.db.run(_insert, record)
-        return {"key": keys.parse_row(record).public(), "secret": secret}
+        await call.app.db.query(store.insert, record)
+        return {"key": material.parse_row(record).public(), "secret": secret}
 
     @registry.method("api_keys.list", "List API keys (never their secrets).", NoArgs, KeyList, KEYS_READ)
     async def list_keys(call: Call, args: NoArgs) -> dict[str, Any]:
-        rows = await call.app.db.run(_all_rows)
+        rows = await call.app.db.query(store.all_rows)
         return {"keys": [_listed(row, call) for row in rows]}
 
     @registry.method("api_keys.enable", "Enable an API key.", IdArgs, KeyResult, ADMIN_WRITE)
@@ -263,7 +238,7 @@ def register(registry: Registry) -> None:
     async def delete(call: Call, args: IdArgs) -> dict[str, Any]:
         await _check_target(call, args.id)
         call.app.auth.forget(args.id)
-        found = await call.app.db.run(_delete, args.id)
+        found = await call.app.db.query(store.delete, args.id)
         _cut_off(call, args.id, deleted=True)  # also for a row gone meanwhile: nothing may outlive it
         if not found:
             raise NotFound(f"no api key with id {args.id}")

@@ -15,12 +15,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
-from vllm_use import model_store, models
 from vllm_use.clock import now_ms
 from vllm_use.context import Call
 from vllm_use.errors import Conflict, InvalidArguments, NotFound
 from vllm_use.fields import NO_CONTROL, ModelId
-from vllm_use.models import ModelStatus
+from vllm_use.models import files, records, store
+from vllm_use.models.records import ModelStatus
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.scopes import MODELS_WRITE, READ
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 ModelName = Annotated[
     str,
-    StringConstraints(min_length=1, max_length=models.NAME_MAX, pattern=NO_CONTROL),
+    StringConstraints(min_length=1, max_length=records.NAME_MAX, pattern=NO_CONTROL),
     Field(description="1 to 256 UTF-8 bytes, no control characters"),
 ]
 
@@ -52,14 +52,14 @@ class LocalArgs(Args):
 class HuggingFaceArgs(Args):
     repository: str = Field(
         min_length=3,
-        max_length=models.REPO_MAX,
+        max_length=records.REPO_MAX,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="owner/name on the Hub (letters, digits, '.', '_', '-')",
     )
     revision: str = Field(
         default="main",
         min_length=1,
-        max_length=models.REVISION_MAX,
+        max_length=records.REVISION_MAX,
         pattern=r"^[^\s\x00-\x1f\x7f-\x9f-][^\s\x00-\x1f\x7f-\x9f]*$",
         description="a branch, tag or commit: no spaces or control characters, not starting with '-'",
     )
@@ -105,17 +105,17 @@ async def in_executor(fn: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
-async def load_model(call: Call, model_id: str) -> models.ModelRecord:
+async def load_model(call: Call, model_id: str) -> records.ModelRecord:
     """The validated record, or NotFound. `model_id` was validated by the input model."""
-    row = await call.app.db.run(model_store.model_row, model_id)
+    row = await call.app.db.query(store.model_row, model_id)
     if row is None:
         raise NotFound(f"no model with id {model_id}")
-    return models.parse_row(row)
+    return records.parse_row(row)
 
 
 def display_name(directory: str) -> str:
     """A model's default name: its directory's, shortened to fit the name's byte limit."""
-    return directory if len(directory.encode()) <= models.NAME_MAX else directory[:60]
+    return directory if len(directory.encode()) <= records.NAME_MAX else directory[:60]
 
 
 def new_record(name: str, source: str, directory: str, **fields: Any) -> dict[str, Any]:
@@ -140,8 +140,8 @@ def new_record(name: str, source: str, directory: str, **fields: Any) -> dict[st
 def register(registry: Registry) -> None:
     @registry.method("models.list", "Registered models with status, path and size.", NoArgs, ModelList, READ)
     async def list_models(call: Call, args: NoArgs) -> dict[str, Any]:
-        rows = await call.app.db.run(model_store.model_rows)
-        return {"models": [models.parse_row(row).public(root(call)) for row in rows]}
+        rows = await call.app.db.query(store.model_rows)
+        return {"models": [records.parse_row(row).public(root(call)) for row in rows]}
 
     @registry.method("models.get", "One model by id.", IdArgs, ModelResult, READ)
     async def get_model(call: Call, args: IdArgs) -> dict[str, Any]:
@@ -156,14 +156,14 @@ def register(registry: Registry) -> None:
     )
     async def register_local(call: Call, args: LocalArgs) -> dict[str, Any]:
         if args.name is not None:  # an explicit name is checked as given: "" and blanks are refused
-            models.validate_name(args.name)
-        directory = await in_executor(models.resolve_local_dir, root(call), args.path)
-        size = await in_executor(models.directory_size, root(call) / directory)
+            records.validate_name(args.name)
+        directory = await in_executor(files.resolve_local_dir, root(call), args.path)
+        size = await in_executor(files.directory_size, root(call) / directory)
         name = args.name if args.name is not None else display_name(directory)
         record = new_record(name, "local", directory, status=ModelStatus.READY, size_bytes=size)
-        if not await call.app.db.run(model_store.insert_model, record):
+        if not await call.app.db.query(store.insert_model, record):
             raise Conflict(f"{root(call) / directory} is already registered", loc=["path"])
-        return {"model": models.parse_row(record).public(root(call))}
+        return {"model": records.parse_row(record).public(root(call))}
 
     @registry.method(
         "models.register_huggingface",
@@ -173,16 +173,16 @@ def register(registry: Registry) -> None:
         MODELS_WRITE,
     )
     async def register_huggingface(call: Call, args: HuggingFaceArgs) -> dict[str, Any]:
-        models.validate_repository(args.repository)
-        models.validate_revision(args.revision)
-        name = models.validate_name(args.name) if args.name is not None else args.repository
+        records.validate_repository(args.repository)
+        records.validate_revision(args.revision)
+        name = records.validate_name(args.name) if args.name is not None else args.repository
         model_id = uuid.uuid4().hex
         record = new_record(
             name, "huggingface", model_id, id=model_id, repository=args.repository, revision=args.revision
         )
-        if not await call.app.db.run(model_store.insert_model, record):
+        if not await call.app.db.query(store.insert_model, record):
             raise Conflict("a model already owns this directory")
-        return {"model": models.parse_row(record).public(root(call))}
+        return {"model": records.parse_row(record).public(root(call))}
 
     @registry.method(
         "models.scan",
@@ -192,16 +192,16 @@ def register(registry: Registry) -> None:
         MODELS_WRITE,
     )
     async def scan(call: Call, args: NoArgs) -> dict[str, Any]:
-        known = await call.app.db.run(model_store.model_dirs)
-        names = await in_executor(models.scan_candidates, root(call), known)
-        records = []
+        known = await call.app.db.query(store.model_dirs)
+        names = await in_executor(files.scan_candidates, root(call), known)
+        found = []
         for name in names:
-            size = await in_executor(models.directory_size, root(call) / name)
-            records.append(
+            size = await in_executor(files.directory_size, root(call) / name)
+            found.append(
                 new_record(display_name(name), "local", name, status=ModelStatus.READY, size_bytes=size)
             )
-        inserted = await call.app.db.run(model_store.insert_models, records)
-        return {"models": [models.parse_row(r).public(root(call)) for r in inserted]}
+        inserted = await call.app.db.query(store.insert_models, found)
+        return {"models": [records.parse_row(r).public(root(call)) for r in inserted]}
 
     @registry.method(
         "models.delete",
@@ -223,24 +223,24 @@ def register(registry: Registry) -> None:
             quarantined = None
             if args.files and record.dir:
                 try:
-                    quarantined = await in_executor(models.quarantine, root(call), record.id, record.dir)
+                    quarantined = await in_executor(files.quarantine, root(call), record.id, record.dir)
                 except OSError as exc:
                     raise InvalidArguments(
                         f"cannot move {path} aside: {exc.strerror}", loc=["files"]
                     ) from None
-                models.crash_point("quarantined")
+                records.crash_point("quarantined")
             try:
-                deleted = await app.db.run(model_store.delete_model, record.id)
+                deleted = await app.db.query(store.delete_model, record.id)
             except Exception:
                 if quarantined is not None:
-                    await in_executor(models.restore, root(call), record.id, record.dir)
+                    await in_executor(files.restore, root(call), record.id, record.dir)
                 raise
             if not deleted:
                 raise NotFound(f"no model with id {record.id}")
-            models.crash_point("committed")
+            records.crash_point("committed")
         if quarantined is not None:
             try:
-                await in_executor(models.purge, quarantined)
+                await in_executor(files.purge, quarantined)
             except OSError:
                 log.exception("could not remove %s; the next start removes it", quarantined)
         return {"deleted": record.id}

@@ -32,11 +32,11 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from vllm_use import models
 from vllm_use.abilities.models import load_model
 from vllm_use.context import Call
 from vllm_use.errors import Conflict, InvalidArguments
 from vllm_use.fields import ModelId
+from vllm_use.models import files, records
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.runtime.options import NAME_PATTERN, RuntimeOptions, build_argv
 from vllm_use.runtime.supervisor import RuntimeState, Supervisor
@@ -147,14 +147,14 @@ async def _direct_target(call: Call, model: str) -> tuple[str, Path | None]:
     return str(real), real
 
 
-async def _switch_target(call: Call, model_id: str) -> tuple[models.ModelRecord, Path]:
+async def _switch_target(call: Call, model_id: str) -> tuple[records.ModelRecord, Path]:
     record = await load_model(call, model_id)
-    if record.status is not models.ModelStatus.READY or not record.dir:
+    if record.status is not records.ModelStatus.READY or not record.dir:
         raise Conflict(f"model {record.id} is {record.status}; only ready models can run")
     root = call.app.config.models_dir
 
     def check() -> Path:  # just before spawn: still a real directory directly under the root
-        path = models.real_model_dir(root, record.dir)
+        path = files.real_model_dir(root, record.dir)
         if Path(os.path.realpath(path)).parent != Path(os.path.realpath(root)):
             raise _bad("model_id", f"{path} resolves outside the models root")
         return path

@@ -7,21 +7,20 @@ characters, ≤ 256 settings per update, no control characters.
 
 from __future__ import annotations
 
-import unicodedata
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, StringConstraints
 
-from vllm_use.clock import iso, now_ms
+from vllm_use import settings
 from vllm_use.context import Call
-from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
+from vllm_use.errors import InvalidArguments, NotFound
 from vllm_use.fields import NO_CONTROL
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.scopes import ADMIN_WRITE, READ
 from vllm_use.sensitive import is_sensitive_key
-from vllm_use.storage import Setting
+from vllm_use.settings import KEY_MAX, VALUE_MAX
 
-KEY_MAX, VALUE_MAX, BATCH_MAX = 128, 8192, 256
+BATCH_MAX = 256
 SettingKey = Annotated[
     str,
     StringConstraints(min_length=1, max_length=KEY_MAX, pattern=NO_CONTROL),
@@ -71,45 +70,10 @@ class Deleted(Result):
     deleted: str
 
 
-def _read_all() -> list[dict[str, Any]]:
-    db = Setting._meta.database
-    cursor = db.execute_sql("SELECT key, value, updated_at FROM settings ORDER BY key")
-    return [_validated(key, value, updated) for key, value, updated in cursor.fetchall()]
-
-
-def _validated(key: Any, value: Any, updated: Any) -> dict[str, Any]:
-    """Rows are untrusted: a bad one fails the request, never a partial list."""
-    ok = (
-        isinstance(key, str)
-        and 0 < len(key) <= KEY_MAX
-        and isinstance(value, str)
-        and len(value) <= VALUE_MAX
-        and type(updated) is int
-        and updated > 0
-    )
-    if not ok or is_sensitive_key(key) or any(unicodedata.category(c) == "Cc" for c in key + value):
-        name = key[:KEY_MAX] if isinstance(key, str) else "<not text>"
-        raise CorruptRecord(f"setting record {name!r} is corrupt", record=name)
-    return {"key": key, "value": value, "updated_at": iso(updated)}
-
-
-def _upsert(items: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    db = Setting._meta.database
-    stamp = now_ms()
-    with db.atomic():
-        for key, value in items:
-            Setting.insert(key=key, value=value, updated_at=stamp).on_conflict_replace().execute()
-    return _read_all()
-
-
-def _delete(key: str) -> int:
-    return Setting.delete().where(Setting.key == key).execute()
-
-
 def register(registry: Registry) -> None:
     @registry.method("settings.list", "List settings (never secrets).", NoArgs, SettingList, READ)
     async def list_settings(call: Call, args: NoArgs) -> dict[str, Any]:
-        return {"settings": await call.app.db.run(_read_all)}
+        return {"settings": await call.app.db.query(settings.read_all)}
 
     @registry.method(
         "settings.update",
@@ -135,10 +99,12 @@ def register(registry: Registry) -> None:
             raise InvalidArguments(
                 f"invalid arguments: settings.{errors[0]['loc'][1]}.key: {errors[0]['msg']}", errors=errors
             )
-        return {"settings": await call.app.db.run(_upsert, [(s.key, s.value) for s in args.settings])}
+        return {
+            "settings": await call.app.db.query(settings.upsert, [(s.key, s.value) for s in args.settings])
+        }
 
     @registry.method("settings.delete", "Delete one setting.", KeyArgs, Deleted, ADMIN_WRITE)
     async def delete(call: Call, args: KeyArgs) -> dict[str, Any]:
-        if not await call.app.db.run(_delete, args.key):
+        if not await call.app.db.query(settings.delete, args.key):
             raise NotFound(f"no setting {args.key!r}")
         return {"deleted": args.key}

@@ -9,13 +9,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from vllm_use import __version__, probe
+from vllm_use import __version__, settings
 from vllm_use.abilities.gpu import Gpu, list_gpus
 from vllm_use.clock import iso
 from vllm_use.context import Call
 from vllm_use.errors import VllmUseError
+from vllm_use.gateway import audit
+from vllm_use.keys import store as key_store
+from vllm_use.processes import probe
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.scopes import READ, MethodScope, Surface
+from vllm_use.storage import Database
 
 MCP_PROTOCOL_VERSION = "2026-07-28"
 
@@ -120,14 +124,8 @@ def mcp_endpoint(call: Call) -> str:
     return f"http://{host}:{config.port}/mcp"
 
 
-def _count_rows() -> dict[str, int]:
-    from vllm_use.storage import ApiKey, AuditRecord, Setting
-
-    return {
-        "api_keys": ApiKey.select().count(),
-        "settings": Setting.select().count(),
-        "requests": AuditRecord.select().count(),
-    }
+def _count_rows(db: Database) -> dict[str, int]:
+    return {"api_keys": key_store.count(db), "settings": settings.count(db), "requests": audit.count(db)}
 
 
 def register(registry: Registry) -> None:
@@ -181,5 +179,5 @@ def register(registry: Registry) -> None:
     )
     async def dashboard_get(call: Call, args: NoArgs) -> dict[str, Any]:
         gpus = await _gpus_or_error()
-        system, counts = await asyncio.gather(system_info(call, gpus), call.app.db.run(_count_rows))
+        system, counts = await asyncio.gather(system_info(call, gpus), call.app.db.query(_count_rows))
         return {"system": system, "gpus": gpus, "counts": counts}

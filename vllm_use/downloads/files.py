@@ -13,9 +13,9 @@ import logging
 import os
 from pathlib import Path
 
-from vllm_use import models
 from vllm_use.errors import InvalidArguments
 from vllm_use.logbuffer import LogBuffer
+from vllm_use.models.files import directory_size, real_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def prepare_target(root: Path, target: Path) -> None:
 
 
 def verify_target(root: Path, model_id: str) -> int:
-    path = models.real_model_dir(root, model_id)
+    path = real_model_dir(root, model_id)
     if Path(os.path.realpath(path)).parent != Path(os.path.realpath(root)):
         raise InvalidArguments(f"{path} resolves outside the models root")
     return payload_size(path)
@@ -50,7 +50,7 @@ def payload_size(target: Path) -> int:
             if entry.is_file(follow_symlinks=False):
                 total += entry.stat(follow_symlinks=False).st_size
             elif entry.is_dir(follow_symlinks=False):
-                total += models.directory_size(Path(entry.path))
+                total += directory_size(Path(entry.path))
     return total
 
 

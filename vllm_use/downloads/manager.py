@@ -35,14 +35,17 @@ from typing import Any
 
 from tornado.process import Subprocess
 
-from vllm_use import children, fsafety, model_store, models
+from vllm_use import fsafety
 from vllm_use.clock import now_ms
 from vllm_use.config import Config, child_env
 from vllm_use.downloads import files, tasks
 from vllm_use.downloads.tasks import TaskStatus
 from vllm_use.errors import Conflict, InvalidArguments, NotFound
 from vllm_use.logbuffer import LogBuffer, cut_utf8
-from vllm_use.models import ModelStatus
+from vllm_use.models import records as model_records
+from vllm_use.models import store as model_store
+from vllm_use.models.records import ModelStatus
+from vllm_use.processes import children
 from vllm_use.storage import Database
 
 log = logging.getLogger(__name__)
@@ -111,7 +114,7 @@ class DownloadManager:
             listener(event)
 
     async def _emit_task(self, task_id: str) -> None:
-        row = await self.db.run(model_store.task_row, task_id)
+        row = await self.db.query(model_store.task_row, task_id)
         if row is not None:
             self._emit(self.describe(tasks.parse_row(row)))
 
@@ -136,13 +139,13 @@ class DownloadManager:
         return out
 
     async def get(self, task_id: str) -> tasks.TaskRecord:
-        row = await self.db.run(model_store.task_row, task_id)
+        row = await self.db.query(model_store.task_row, task_id)
         if row is None:
             raise NotFound(f"no download task {task_id}")
         return tasks.parse_row(row)
 
     async def list(self) -> list[dict[str, Any]]:
-        rows = await self.db.run(model_store.task_rows)
+        rows = await self.db.query(model_store.task_rows)
         return [self.describe(tasks.parse_row(row)) for row in rows]
 
     async def logs(self, task_id: str, tail: int | None) -> list[str]:
@@ -161,10 +164,10 @@ class DownloadManager:
 
     async def start(self, model_id: str, task_id: str | None, token: str | None) -> dict[str, Any]:
         task_id = task_id or tasks.new_task_id()
-        row = await self.db.run(model_store.model_row, model_id)
+        row = await self.db.query(model_store.model_row, model_id)
         if row is None:
             raise NotFound(f"no model with id {model_id}")
-        model = models.parse_row(row)
+        model = model_records.parse_row(row)
         if model.source != "huggingface":
             raise Conflict(f"model {model_id} is a local model; only Hugging Face models are downloaded")
         record = {
@@ -181,7 +184,7 @@ class DownloadManager:
             "started_at": None,
             "finished_at": None,
         }
-        outcome = await self.db.run(model_store.accept_task, record, False)
+        outcome = await self.db.query(model_store.accept_task, record, False)
         if outcome == "task_exists":
             raise Conflict(
                 f"download task id {task_id} is already taken; task ids are never reused", loc=["id"]
@@ -198,19 +201,19 @@ class DownloadManager:
             raise Conflict(
                 f"download task {task_id} is {old.status}; only failed or canceled tasks can be retried"
             )
-        row = await self.db.run(model_store.model_row, old.model_id)
+        row = await self.db.query(model_store.model_row, old.model_id)
         if row is None:
             raise Conflict(
                 f"the model of task {task_id} was deleted; register it again and start a new download"
             )
-        model = models.parse_row(row)  # re-read: never the old task's repository/revision/path
+        model = model_records.parse_row(row)  # re-read: never the old task's repository/revision/path
         fresh = {
             "id": task_id,
             "model_id": model.id,
             "repository": model.repository,
             "revision": model.revision,
         }
-        outcome = await self.db.run(model_store.accept_task, fresh, True)
+        outcome = await self.db.query(model_store.accept_task, fresh, True)
         if outcome != "ok":
             raise Conflict(f"task {task_id} can't be retried now: model {model.id} is {model.status}")
         return await self._enqueue(task_id, token)
@@ -260,7 +263,7 @@ class DownloadManager:
         self._closing = True
         for task_id in list(self._queue):
             self._queue.remove(task_id)
-            row = await self.db.run(model_store.task_row, task_id)
+            row = await self.db.query(model_store.task_row, task_id)
             if row is not None:
                 await self._cancel(
                     task_id,
@@ -290,7 +293,7 @@ class DownloadManager:
         token = self._tokens.pop(task_id, None)
         record = await self.get(task_id)
         try:
-            started = await self.db.run(model_store.mark_running, task_id)
+            started = await self.db.query(model_store.mark_running, task_id)
         except Exception:
             log.exception("could not persist task %s as running", task_id)
             started = False
@@ -404,7 +407,7 @@ class DownloadManager:
                 self._emit(self.describe(record))
             if now - last_persist >= PERSIST_PROGRESS_S:
                 last_persist = now
-                await self.db.run(model_store.save_progress, task_id, done, progress.total)
+                await self.db.query(model_store.save_progress, task_id, done, progress.total)
             await asyncio.sleep(POLL_S)
 
     async def _complete(
@@ -483,7 +486,7 @@ class DownloadManager:
         if progress is not None and progress.total is not None:
             fields.setdefault("bytes_total", progress.total)
         try:
-            await self.db.run(lambda: model_store.finish_task(task_id, model_id, status, **fields))
+            await self.db.query(model_store.finish_task, task_id, model_id, status, **fields)
         except Exception:
             log.exception("could not persist download %s as %s", task_id, status)
             self.persist_failed = True

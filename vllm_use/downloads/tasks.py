@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from vllm_use import models
 from vllm_use.clock import iso
 from vllm_use.errors import CorruptRecord, InvalidArguments
 from vllm_use.fields import TASK_ID_RE
+from vllm_use.models import records
 
 TOKEN_MAX = 4096
 
@@ -92,9 +92,9 @@ def parse_row(row: dict[str, Any]) -> TaskRecord:
     if label == "<malformed id>":
         raise bad("id is malformed")
     try:
-        model_id = models.validate_model_id(row.get("model_id"))
-        repository = models.validate_repository(row.get("repository"))  # type: ignore[arg-type]
-        revision = models.validate_revision(row.get("revision"))  # type: ignore[arg-type]
+        model_id = records.validate_model_id(row.get("model_id"))
+        repository = records.validate_repository(row.get("repository"))  # type: ignore[arg-type]
+        revision = records.validate_revision(row.get("revision"))  # type: ignore[arg-type]
     except (InvalidArguments, AttributeError, TypeError):
         raise bad("model id, repository or revision is invalid") from None
     status = row.get("status")

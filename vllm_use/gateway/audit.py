@@ -8,7 +8,7 @@ recorded: method, path, the model as sent (truncated on a UTF-8 boundary), the
 key id, status, duration, stream flag and time.
 
 Only requests whose key was recognised are recorded: refused credentials are
-counted in memory (`vllm_use.auth.AuthFailures`), because a record per refusal
+counted in memory (`vllm_use.keys.authenticator.AuthFailures`), because a record per refusal
 let anyone evict every real record with a burst of bad requests. Every field is
 bounded here to what `requests.recent` accepts on read (method ≤ `METHOD_MAX`,
 path ≤ `PATH_MAX`, model ≤ `MODEL_MAX_BYTES`), so nothing we write reads back
@@ -18,15 +18,16 @@ as corrupt.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import secrets
 from typing import Any
 
 from tornado.ioloop import PeriodicCallback
 
-from vllm_use.clock import now_ms
+from vllm_use.clock import iso, now_ms
 from vllm_use.logbuffer import cut_utf8
-from vllm_use.storage import AuditRecord, Database
+from vllm_use.storage import AuditTable, Database
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class AuditWriter:
             return
         batch, self._pending = self._pending, []
         try:
-            await self.db.run(_write, batch, self.max_records)
+            await self.db.query(write, batch, self.max_records)
         except Exception:
             log.exception("could not write %d audit record(s)", len(batch))
             self.failed = True
@@ -109,7 +110,7 @@ class AuditWriter:
         batch, self._pending = self._pending, []
         if batch:
             try:
-                self.db.run_sync(_write, batch, self.max_records)
+                self.db.query_sync(write, batch, self.max_records)
             except Exception:
                 log.exception("could not write %d audit record(s) at shutdown", len(batch))
                 return False
@@ -123,17 +124,111 @@ _INSERT = (
 )
 
 
-def _write(batch: list[tuple[Any, ...]], max_records: int) -> None:
+def write(db: Database, batch: list[tuple[Any, ...]], max_records: int) -> None:
     """Runs on the DB thread: insert the batch and evict the oldest beyond the cap, one transaction.
 
-    `executemany` on the sqlite3 cursor binds the rows in C: building the INSERT with peewee cost
+    `executemany` on the sqlite3 connection binds the rows in C: building the INSERT with peewee cost
     ~20 µs of Python per row, and that thread holding the GIL is time the event loop waits.
     """
-    db = AuditRecord._meta.database
     with db.atomic():
-        db.cursor().executemany(_INSERT, batch)
-        db.execute_sql(
+        db.connection().executemany(_INSERT, batch)
+        db.execute(
             "DELETE FROM audit_records WHERE rowid IN (SELECT rowid FROM audit_records "
             "ORDER BY created_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
             (max_records,),
         )
+
+
+def count(db: Database) -> int:
+    return AuditTable.select().count(db.peewee_db)
+
+
+# --- reading back (`requests.recent`): every row is untrusted -----------------------------------
+
+_VISIBLE = re.compile(r"[\x21-\x7e]{1,128}")
+_KEY_ID = re.compile(r"[A-Za-z0-9]{24}")
+_LAST_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last time `iso` can write
+
+
+class _Undecodable:
+    """A TEXT value that is not UTF-8: its field reads as corrupt, never fails the page."""
+
+
+def read_newest(db: Database, limit: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The newest `limit` rows: (valid records, corrupt rows). Runs on the DB thread.
+
+    Text is fetched as bytes and decoded here: sqlite3 raises on a TEXT value that is not UTF-8
+    while it builds the row, which would fail the whole page for one bad row.
+    """
+    connection = db.connection()
+    previous = connection.text_factory
+    connection.text_factory = bytes  # this thread only runs one query at a time
+    try:
+        fetched = db.execute(
+            "SELECT rowid, audit_id, request_id, key_id, method, path, model, status, duration_ms,"
+            " stream, created_at FROM audit_records ORDER BY created_at DESC, rowid DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+    finally:
+        connection.text_factory = previous
+    records: list[dict[str, Any]] = []
+    corrupt: list[dict[str, Any]] = []
+    for rowid, *raw in fetched:
+        row = tuple(_decoded(value) for value in raw)
+        problem = _problem(row)
+        if problem is None:
+            records.append(_record(tuple(row)))
+        else:
+            audit_id = row[0] if isinstance(row[0], str) and _VISIBLE.fullmatch(row[0]) else None
+            corrupt.append({"rowid": rowid, "audit_id": audit_id, "problem": problem})
+    return records, corrupt
+
+
+def _decoded(value: Any) -> Any:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return _Undecodable()
+    return value
+
+
+def _text(value: Any, limit: int) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= limit
+
+
+def _problem(row: tuple[Any, ...]) -> str | None:
+    """What is wrong with a row, naming the first bad field (never its value); None if valid."""
+    audit_id, request_id, key_id, method, path, model, status, duration, stream, created = row
+    checks = (
+        ("audit_id", isinstance(audit_id, str) and _VISIBLE.fullmatch(audit_id)),
+        ("request_id", isinstance(request_id, str) and _VISIBLE.fullmatch(request_id)),
+        ("key_id", key_id is None or (isinstance(key_id, str) and _KEY_ID.fullmatch(key_id))),
+        ("method", _text(method, METHOD_MAX)),
+        ("path", _text(path, PATH_MAX)),
+        ("model", model is None or (isinstance(model, str) and len(model) <= MODEL_MAX_BYTES)),
+        ("status", type(status) is int and 100 <= status <= 599),
+        ("duration_ms", isinstance(duration, int | float) and 0 <= duration < math.inf),
+        ("stream", type(stream) is int and stream in (0, 1)),
+        ("created_at", type(created) is int and 0 < created <= _LAST_MS),
+    )
+    for name, ok in checks:
+        if not ok:
+            return f"{name} is missing, of the wrong type, out of bounds or not UTF-8"
+    return None
+
+
+def _record(row: tuple[Any, ...]) -> dict[str, Any]:
+    audit_id, request_id, key_id, method, path, model, status, duration, stream, created = row
+    return {
+        "audit_id": audit_id,
+        "request_id": request_id,
+        "key_id": key_id,
+        "method": method,
+        "path": path,
+        "model": model,
+        "status": status,
+        "duration_ms": float(duration),
+        "stream": bool(stream),
+        "created_at": iso(created),
+    }

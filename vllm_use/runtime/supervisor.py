@@ -51,10 +51,10 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 from tornado.process import Subprocess
 
-from vllm_use import children
 from vllm_use.config import Config, child_env
 from vllm_use.errors import Conflict, ExternalError, RuntimeFailed
 from vllm_use.logbuffer import LogBuffer
+from vllm_use.processes import children
 from vllm_use.runtime.options import RuntimeOptions, build_argv
 from vllm_use.runtime.procfs import child_in_group, group_members, port_held_by_group
 

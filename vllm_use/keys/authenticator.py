@@ -47,9 +47,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives import constant_time
 
-from vllm_use import keys
 from vllm_use.clock import now_ms
 from vllm_use.errors import CorruptRecord, TooManyRequests, Unauthenticated
+from vllm_use.keys import material, store
 from vllm_use.scopes import ADMIN_TOKEN_IDENTITY, Identity, Surface
 from vllm_use.storage import Database
 
@@ -154,9 +154,9 @@ class Authenticator:
         `AuthBusy` when its first verification cannot be queued now."""
         if constant_time.bytes_eq(hashlib.sha256(token.encode()).digest(), self._admin_digest):
             return ADMIN_TOKEN_IDENTITY
-        if len(token) != 51 or not keys.SECRET_RE.fullmatch(token):
+        if len(token) != 51 or not material.SECRET_RE.fullmatch(token):
             raise Unauthenticated("unknown credential")
-        digest = keys.cache_digest(token)
+        digest = material.cache_digest(token)
         hit = self._cache.get(digest)
         key_id = hit.identity.key_id if hit else None
         if hit and key_id and hit.epoch == self._epochs.get(key_id, 0):
@@ -193,17 +193,17 @@ class Authenticator:
         key_id = hit.identity.key_id
         assert key_id is not None
         epoch = self._epochs.get(key_id, 0)
-        ok = await self._db.run(_confirm, key_id, hit.hash_hex, hit.scopes_json, now_ms())
+        ok = await self._db.query(store.confirm, key_id, hit.hash_hex, hit.scopes_json, now_ms())
         return ok and epoch == self._epochs.get(key_id, 0)
 
     async def _verify(self, token: str, digest: bytes) -> tuple[Identity, int]:
         """The identity and the key's epoch when its scrypt began (the caller re-checks it)."""
-        prefix = token[: keys.PREFIX_LEN]
-        rows = await self._db.run(_rows_with_prefix, prefix)
-        candidates: list[tuple[keys.KeyRecord, dict[str, Any]]] = []
+        prefix = token[: material.PREFIX_LEN]
+        rows = await self._db.query(store.rows_with_prefix, prefix)
+        candidates: list[tuple[material.KeyRecord, dict[str, Any]]] = []
         for row in rows:
             try:
-                record = keys.parse_row(row)
+                record = material.parse_row(row)
             except CorruptRecord as exc:
                 log.warning("refusing a corrupt api key record: %s", exc.message)
                 continue
@@ -216,11 +216,11 @@ class Authenticator:
             for record, row in candidates:
                 epoch = self._epochs.get(record.id, 0)
                 if not await loop.run_in_executor(
-                    self._crypto, keys.matches, token, record.salt, record.hash
+                    self._crypto, material.matches, token, record.salt, record.hash
                 ):
                     continue
                 scopes_json = row["scopes"]
-                if not await self._db.run(_confirm, record.id, row["hash"], scopes_json, now_ms()):
+                if not await self._db.query(store.confirm, record.id, row["hash"], scopes_json, now_ms()):
                     raise Unauthenticated("unknown credential")  # disabled/deleted/changed meanwhile
                 identity = Identity(kind="api_key", key_id=record.id, scopes=frozenset(record.scopes))
                 if epoch == self._epochs.get(record.id, 0):
@@ -263,7 +263,7 @@ class Authenticator:
 
     async def derive(self, secret: str, salt: bytes) -> bytes:
         """scrypt for a new key, in the crypto executor."""
-        return await asyncio.get_running_loop().run_in_executor(self._crypto, keys.derive, secret, salt)
+        return await asyncio.get_running_loop().run_in_executor(self._crypto, material.derive, secret, salt)
 
     def _remember(self, digest: bytes, entry: _Verified) -> None:
         self._cache[digest] = entry
@@ -285,12 +285,12 @@ class Authenticator:
         if not self._used:
             return
         pending, self._used = self._used, {}
-        await self._db.run(_write_last_used, pending)
+        await self._db.query(store.write_last_used, pending)
 
     def flush_last_used_sync(self) -> None:
         pending, self._used = self._used, {}
         if pending:
-            self._db.run_sync(_write_last_used, pending)
+            self._db.query_sync(store.write_last_used, pending)
 
     def close(self) -> None:
         self._crypto.shutdown(wait=False, cancel_futures=True)
@@ -302,44 +302,3 @@ def _lower_thread_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, 0, 10)
     except (AttributeError, OSError):
         pass
-
-
-# --- SQLite work: these run on the database thread -------------------------------------------
-
-
-def _dicts(cursor: Any) -> list[dict[str, Any]]:
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-
-def _rows_with_prefix(prefix: str) -> list[dict[str, Any]]:
-    from vllm_use.storage import ApiKey
-
-    db = ApiKey._meta.database
-    return _dicts(db.execute_sql("SELECT * FROM api_keys WHERE prefix = ? LIMIT 16", (prefix,)))
-
-
-def _confirm(key_id: str, hash_hex: str, scopes_json: str, used_ms: int) -> bool:
-    """The publishing step: succeeds only if the key is still enabled and unchanged."""
-    from vllm_use.storage import ApiKey
-
-    db = ApiKey._meta.database
-    cursor = db.execute_sql(
-        "UPDATE api_keys SET last_used_at = MAX(COALESCE(last_used_at, 0), ?) "
-        "WHERE id = ? AND hash = ? AND scopes = ? AND enabled = 1",
-        (used_ms, key_id, hash_hex, scopes_json),
-    )
-    return cursor.rowcount == 1
-
-
-def _write_last_used(pending: dict[str, int]) -> None:
-    from vllm_use.storage import ApiKey
-
-    db = ApiKey._meta.database
-    with db.atomic():
-        for key_id, used in pending.items():
-            db.execute_sql(
-                "UPDATE api_keys SET last_used_at = ? "
-                "WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)",
-                (used, key_id, used),
-            )

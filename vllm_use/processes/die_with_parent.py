@@ -1,6 +1,6 @@
 """A shim that becomes the command it runs, after asking to die with vllm-use.
 
-    python -I -m vllm_use.die_with_parent PARENT_PID -- COMMAND …
+    python -I -m vllm_use.processes.die_with_parent PARENT_PID -- COMMAND …
 
 It asks the kernel for SIGKILL when vllm-use dies (Linux `PR_SET_PDEATHSIG`; the request
 survives `exec`), checks that vllm-use did not die already, and replaces itself with COMMAND (same
@@ -26,7 +26,9 @@ PR_SET_PDEATHSIG = 1
 
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -I -m vllm_use.die_with_parent PARENT_PID -- COMMAND …", file=sys.stderr)
+        print(
+            "usage: python -I -m vllm_use.processes.die_with_parent PARENT_PID -- COMMAND …", file=sys.stderr
+        )
         return 2
     parent, command = int(argv[1]), argv[3:]
     if sys.platform.startswith("linux"):

@@ -19,8 +19,8 @@ import signal
 import time
 from typing import Any
 
-from vllm_use import children
 from vllm_use.config import child_env
+from vllm_use.processes import children
 
 CACHE_S = 60.0
 TIMEOUT_S = 30.0

@@ -23,7 +23,7 @@ from tornado.process import Subprocess
 
 from vllm_use.logbuffer import LogBuffer
 
-_SHIM = [sys.executable, "-I", "-m", "vllm_use.die_with_parent"]
+_SHIM = [sys.executable, "-I", "-m", "vllm_use.processes.die_with_parent"]
 
 
 def spawn(

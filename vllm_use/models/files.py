@@ -1,0 +1,135 @@
+"""A model's managed directory (docs/models-and-downloads.md): where it is, its size, and the
+crash-safe delete. Everything here is filesystem work: it runs in an executor.
+
+One managed directory ↔ one record: `dir` is the directory's name directly under the models root.
+Deleting files is crash-safe: rename the directory into `<models-dir>/.quarantine/<id>`, commit
+the SQLite delete, then remove the quarantined copy. `reconcile_quarantine` finishes or undoes an
+interrupted delete at start-up and refuses to start on anything it does not recognise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from vllm_use.errors import ConfigError
+from vllm_use.fields import MODEL_ID_RE, has_control
+from vllm_use.models.records import ModelRecord, invalid, valid_dir_name
+
+log = logging.getLogger(__name__)
+
+QUARANTINE = ".quarantine"
+
+
+def resolve_local_dir(root: Path, path: str) -> str:
+    """The directory name for `path` (absolute or relative to the root), which must be a real
+    subdirectory directly under the root: not the root, not a symlink, not escaping it."""
+    if not path or "\0" in path or has_control(path) or len(path) > 4096:
+        raise invalid("path", "a directory path without control characters")
+    candidate = Path(path) if os.path.isabs(path) else root / path
+    normal = Path(os.path.normpath(candidate))
+    if normal.parent != root or not valid_dir_name(normal.name):
+        raise invalid("path", f"must name a directory directly under the models root {root}")
+    try:
+        info = os.lstat(normal)
+    except FileNotFoundError:
+        raise invalid("path", f"{normal} does not exist") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise invalid("path", f"{normal} is a symbolic link; register the real directory")
+    if not stat.S_ISDIR(info.st_mode):
+        raise invalid("path", f"{normal} is not a directory")
+    return normal.name
+
+
+def directory_size(path: Path) -> int:
+    """Bytes of the regular files under `path`, never following symlinks. Runs in an executor."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+        for name in filenames:
+            try:
+                info = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return total
+
+
+def real_model_dir(root: Path, name: str) -> Path:
+    """`root/name` if it is a real, readable directory (not a symlink); else InvalidArguments."""
+    path = root / name
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode) or not os.access(path, os.R_OK | os.X_OK):
+        raise invalid("path", f"{path} is not a real readable directory")
+    return path
+
+
+def scan_candidates(root: Path, known_dirs: set[str]) -> list[str]:
+    """Real subdirectories with a config.json that no record owns yet. Runs in an executor."""
+    found = []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if not valid_dir_name(entry.name) or entry.name in known_dirs:
+                continue
+            if entry.is_dir(follow_symlinks=False) and os.path.isfile(
+                os.path.join(entry.path, "config.json")
+            ):
+                found.append(entry.name)
+    return sorted(found)
+
+
+def quarantine(root: Path, model_id: str, name: str) -> Path | None:
+    """Atomically move `root/name` to `root/.quarantine/<id>`; None if there is no directory."""
+    source = root / name
+    if not os.path.lexists(source):
+        return None
+    if os.path.islink(source) or not os.path.isdir(source):
+        raise invalid("files", f"{source} is not a real directory; refusing to delete it")
+    qdir = root / QUARANTINE
+    qdir.mkdir(mode=0o700, exist_ok=True)
+    if os.path.islink(qdir) or not qdir.is_dir():
+        raise invalid("files", f"{qdir} is not a real directory")
+    target = qdir / model_id
+    os.rename(source, target)
+    return target
+
+
+def restore(root: Path, model_id: str, name: str) -> None:
+    os.rename(root / QUARANTINE / model_id, root / name)
+
+
+def purge(path: Path) -> None:
+    shutil.rmtree(path)
+
+
+def reconcile_quarantine(root: Path, records: dict[str, ModelRecord]) -> None:
+    """At start-up: restore quarantined dirs whose record exists, remove those whose record is
+    gone, and refuse to start (ConfigError) on anything else, keeping it."""
+    qdir = root / QUARANTINE
+    if not os.path.lexists(qdir):
+        return
+    if os.path.islink(qdir) or not qdir.is_dir():
+        raise ConfigError("--models-dir", f"{qdir} is not a real directory; refusing to start")
+    for entry in sorted(os.listdir(qdir)):
+        path = qdir / entry
+        if not MODEL_ID_RE.fullmatch(entry) or os.path.islink(path) or not path.is_dir():
+            raise ConfigError(
+                "--models-dir",
+                f"unknown content in {qdir}: {entry!r}; it was kept — move it away by hand; refusing to start",
+            )
+        record = records.get(entry)
+        if record is None:
+            log.info("removing %s: its model's delete was committed before a restart", path)
+            purge(path)
+        elif record.dir and not os.path.lexists(root / record.dir):
+            log.info("restoring %s to %s: its delete was interrupted before commit", path, root / record.dir)
+            restore(root, entry, record.dir)
+        else:
+            raise ConfigError(
+                "--models-dir",
+                f"{path} belongs to model {entry}, whose directory exists again; kept; refusing to start",
+            )
