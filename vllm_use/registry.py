@@ -84,7 +84,8 @@ class Registry:
         *,
         public: bool = False,
     ) -> Callable[[Execute], Execute]:
-        """Decorator form of `add` for an ability module's `register`."""
+        """`registry.method(name, …)(fn)`: how an ability module's `register` adds its module-level
+        functions (`add` with the parts spelled out)."""
 
         def wrap(fn: Execute) -> Execute:
             self.add(SupportedMethod(name, description, input, output, scope, fn, public))

@@ -1,7 +1,9 @@
 """Ability modules, registered explicitly and in order (no import-time magic).
 
-Each module has `register(registry)`; `register_all` calls them in the order
-listings show them. Later issues add models, downloads and runtime here.
+Each module holds its methods as module-level functions `async def name(call, args)` (importable,
+testable, found by go-to-definition) and a `register(registry)` that adds them, each with its
+name, description, input and output models and scope; `register_all` calls the modules in the
+order listings show them.
 """
 
 from __future__ import annotations

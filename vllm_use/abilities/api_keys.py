@@ -172,74 +172,82 @@ async def _mutate_enabled(call: Call, key_id: str, enabled: bool) -> dict[str, A
     return {"key": record.public(call.app.auth.pending_last_used(key_id))}
 
 
+async def create(call: Call, args: CreateArgs) -> dict[str, Any]:
+    material.validate_name(args.name)
+    if len(set(args.scopes)) != len(args.scopes):
+        raise InvalidArguments(
+            "scopes must be distinct", errors=[{"loc": ["scopes"], "msg": "duplicate scope"}]
+        )
+    _refuse_admin_scopes_over_mcp(call, args.scopes, "scopes")
+    secret, key_id, salt = (
+        material.new_secret(),
+        material.new_key_id(),
+        secrets.token_bytes(material.SALT_LEN),
+    )
+    digest = await call.app.auth.derive(secret, salt)
+    record = {
+        "id": key_id,
+        "name": args.name,
+        "prefix": secret[: material.PREFIX_LEN],
+        "salt": salt.hex(),
+        "hash": digest.hex(),
+        "enabled": 1,
+        "scopes": json.dumps(list(args.scopes)),
+        "created_at": now_ms(),
+        "last_used_at": None,
+    }
+    await call.app.db.query(store.insert, record)
+    return {"key": material.parse_row(record).public(), "secret": secret}
+
+
+async def list_keys(call: Call, args: NoArgs) -> dict[str, Any]:
+    rows = await call.app.db.query(store.all_rows)
+    return {"keys": [_listed(row, call) for row in rows]}
+
+
+async def enable(call: Call, args: IdArgs) -> dict[str, Any]:
+    return await _mutate_enabled(call, args.id, True)
+
+
+async def disable(call: Call, args: IdArgs) -> dict[str, Any]:
+    return await _mutate_enabled(call, args.id, False)
+
+
+async def delete(call: Call, args: IdArgs) -> dict[str, Any]:
+    await _check_target(call, args.id)
+    call.app.auth.forget(args.id)
+    found = await call.app.db.query(store.delete, args.id)
+    _cut_off(call, args.id, deleted=True)  # also for a row gone meanwhile: nothing may outlive it
+    if not found:
+        raise NotFound(f"no api key with id {args.id}")
+    return {"deleted": args.id}
+
+
 def register(registry: Registry) -> None:
-    @registry.method(
+    registry.method(
         "api_keys.create",
         "Create an API key with scopes. The secret is returned once, here, and never again.",
         CreateArgs,
         Created,
         ADMIN_WRITE,
+    )(create)
+    registry.method("api_keys.list", "List API keys (never their secrets).", NoArgs, KeyList, KEYS_READ)(
+        list_keys
     )
-    async def create(call: Call, args: CreateArgs) -> dict[str, Any]:
-        material.validate_name(args.name)
-        if len(set(args.scopes)) != len(args.scopes):
-            raise InvalidArguments(
-                "scopes must be distinct", errors=[{"loc": ["scopes"], "msg": "duplicate scope"}]
-            )
-        _refuse_admin_scopes_over_mcp(call, args.scopes, "scopes")
-        secret, key_id, salt = (
-            material.new_secret(),
-            material.new_key_id(),
-            secrets.token_bytes(material.SALT_LEN),
-        )
-        digest = await call.app.auth.derive(secret, salt)
-        record = {
-            "id": key_id,
-            "name": args.name,
-            "prefix": secret[: material.PREFIX_LEN],
-            "salt": salt.hex(),
-            "hash": digest.hex(),
-            "enabled": 1,
-            "scopes": json.dumps(list(args.scopes)),
-            "created_at": now_ms(),
-            "last_used_at": None,
-        }
-        await call.app.db.query(store.insert, record)
-        return {"key": material.parse_row(record).public(), "secret": secret}
-
-    @registry.method("api_keys.list", "List API keys (never their secrets).", NoArgs, KeyList, KEYS_READ)
-    async def list_keys(call: Call, args: NoArgs) -> dict[str, Any]:
-        rows = await call.app.db.query(store.all_rows)
-        return {"keys": [_listed(row, call) for row in rows]}
-
-    @registry.method("api_keys.enable", "Enable an API key.", IdArgs, KeyResult, ADMIN_WRITE)
-    async def enable(call: Call, args: IdArgs) -> dict[str, Any]:
-        return await _mutate_enabled(call, args.id, True)
-
-    @registry.method(
+    registry.method("api_keys.enable", "Enable an API key.", IdArgs, KeyResult, ADMIN_WRITE)(enable)
+    registry.method(
         "api_keys.disable",
         "Disable an API key; the next request with it is refused, and its open /v1 connections "
         "and live stream generations are stopped now.",
         IdArgs,
         KeyResult,
         ADMIN_WRITE,
-    )
-    async def disable(call: Call, args: IdArgs) -> dict[str, Any]:
-        return await _mutate_enabled(call, args.id, False)
-
-    @registry.method(
+    )(disable)
+    registry.method(
         "api_keys.delete",
         "Delete an API key for good; its open /v1 connections and live stream generations are "
         "stopped now and its stream sessions dropped.",
         IdArgs,
         Deleted,
         ADMIN_WRITE,
-    )
-    async def delete(call: Call, args: IdArgs) -> dict[str, Any]:
-        await _check_target(call, args.id)
-        call.app.auth.forget(args.id)
-        found = await call.app.db.query(store.delete, args.id)
-        _cut_off(call, args.id, deleted=True)  # also for a row gone meanwhile: nothing may outlive it
-        if not found:
-            raise NotFound(f"no api key with id {args.id}")
-        return {"deleted": args.id}
+    )(delete)

@@ -77,59 +77,66 @@ class LogLines(Result):
     lines: list[str]
 
 
+async def start(call: Call, args: StartArgs) -> dict[str, Any]:
+    return {"task": await call.app.downloads.start(args.model_id, args.id, args.token)}
+
+
+async def list_tasks(call: Call, args: NoArgs) -> dict[str, Any]:
+    return {"downloads": await call.app.downloads.list()}
+
+
+async def status(call: Call, args: IdArgs) -> dict[str, Any]:
+    manager = call.app.downloads
+    return {"task": manager.describe(await manager.get(args.id))}
+
+
+async def logs(call: Call, args: LogsArgs) -> dict[str, Any]:
+    return {"id": args.id, "lines": await call.app.downloads.logs(args.id, args.tail)}
+
+
+async def cancel(call: Call, args: IdArgs) -> dict[str, Any]:
+    return {"task": await call.app.downloads.cancel(args.id)}
+
+
+async def retry(call: Call, args: RetryArgs) -> dict[str, Any]:
+    return {"task": await call.app.downloads.retry(args.id, args.token)}
+
+
 def register(registry: Registry) -> None:
-    @registry.method(
+    registry.method(
         "downloads.start",
         "Download a registered Hugging Face model into <models-dir>/<model_id> with the hf CLI. "
         "Queued as pending when every worker is busy.",
         StartArgs,
         TaskResult,
         MODELS_WRITE,
-    )
-    async def start(call: Call, args: StartArgs) -> dict[str, Any]:
-        return {"task": await call.app.downloads.start(args.model_id, args.id, args.token)}
-
-    @registry.method(
+    )(start)
+    registry.method(
         "downloads.list",
         "Download tasks, newest first, with progress.",
         NoArgs,
         TaskList,
         READ,
-    )
-    async def list_tasks(call: Call, args: NoArgs) -> dict[str, Any]:
-        return {"downloads": await call.app.downloads.list()}
-
-    @registry.method(
+    )(list_tasks)
+    registry.method(
         "downloads.status",
         "One download task: state, bytes done and total, rate, ETA, stalled.",
         IdArgs,
         TaskResult,
         READ,
-    )
-    async def status(call: Call, args: IdArgs) -> dict[str, Any]:
-        manager = call.app.downloads
-        return {"task": manager.describe(await manager.get(args.id))}
-
-    @registry.method("downloads.logs", "The hf child's output (bounded).", LogsArgs, LogLines, READ)
-    async def logs(call: Call, args: LogsArgs) -> dict[str, Any]:
-        return {"id": args.id, "lines": await call.app.downloads.logs(args.id, args.tail)}
-
-    @registry.method(
+    )(status)
+    registry.method("downloads.logs", "The hf child's output (bounded).", LogsArgs, LogLines, READ)(logs)
+    registry.method(
         "downloads.cancel",
         "Cancel a pending or running download (its hf process group is stopped).",
         IdArgs,
         TaskResult,
         MODELS_WRITE,
-    )
-    async def cancel(call: Call, args: IdArgs) -> dict[str, Any]:
-        return {"task": await call.app.downloads.cancel(args.id)}
-
-    @registry.method(
+    )(cancel)
+    registry.method(
         "downloads.retry",
         "Run a failed or canceled task again under the same id, for the same model (re-read from SQLite).",
         RetryArgs,
         TaskResult,
         MODELS_WRITE,
-    )
-    async def retry(call: Call, args: RetryArgs) -> dict[str, Any]:
-        return {"task": await call.app.downloads.retry(args.id, args.token)}
+    )(retry)

@@ -99,14 +99,16 @@ async def list_gpus() -> dict[str, Any]:
     return await asyncio.get_running_loop().run_in_executor(None, query_gpus)
 
 
+async def gpu_list(call: Call, args: NoArgs) -> dict[str, Any]:
+    return await list_gpus()
+
+
 def register(registry: Registry) -> None:
-    @registry.method(
+    registry.method(
         "gpu.list",
         "NVIDIA GPUs seen through NVML: memory, utilization, temperature, processes. "
         "status is 'missing' when no NVIDIA driver/NVML library is installed.",
         NoArgs,
         GpuList,
         READ,
-    )
-    async def gpu_list(call: Call, args: NoArgs) -> dict[str, Any]:
-        return await list_gpus()
+    )(gpu_list)

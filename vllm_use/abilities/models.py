@@ -137,110 +137,115 @@ def new_record(name: str, source: str, directory: str, **fields: Any) -> dict[st
     }
 
 
+async def list_models(call: Call, args: NoArgs) -> dict[str, Any]:
+    rows = await call.app.db.query(store.model_rows)
+    return {"models": [records.parse_row(row).public(root(call)) for row in rows]}
+
+
+async def get_model(call: Call, args: IdArgs) -> dict[str, Any]:
+    return {"model": (await load_model(call, args.id)).public(root(call))}
+
+
+async def register_local(call: Call, args: LocalArgs) -> dict[str, Any]:
+    if args.name is not None:  # an explicit name is checked as given: "" and blanks are refused
+        records.validate_name(args.name)
+    directory = await in_executor(files.resolve_local_dir, root(call), args.path)
+    size = await in_executor(files.directory_size, root(call) / directory)
+    name = args.name if args.name is not None else display_name(directory)
+    record = new_record(name, "local", directory, status=ModelStatus.READY, size_bytes=size)
+    if not await call.app.db.query(store.insert_model, record):
+        raise Conflict(f"{root(call) / directory} is already registered", loc=["path"])
+    return {"model": records.parse_row(record).public(root(call))}
+
+
+async def register_huggingface(call: Call, args: HuggingFaceArgs) -> dict[str, Any]:
+    records.validate_repository(args.repository)
+    records.validate_revision(args.revision)
+    name = records.validate_name(args.name) if args.name is not None else args.repository
+    model_id = uuid.uuid4().hex
+    record = new_record(
+        name, "huggingface", model_id, id=model_id, repository=args.repository, revision=args.revision
+    )
+    if not await call.app.db.query(store.insert_model, record):
+        raise Conflict("a model already owns this directory")
+    return {"model": records.parse_row(record).public(root(call))}
+
+
+async def scan(call: Call, args: NoArgs) -> dict[str, Any]:
+    known = await call.app.db.query(store.model_dirs)
+    names = await in_executor(files.scan_candidates, root(call), known)
+    found = []
+    for name in names:
+        size = await in_executor(files.directory_size, root(call) / name)
+        found.append(new_record(display_name(name), "local", name, status=ModelStatus.READY, size_bytes=size))
+    inserted = await call.app.db.query(store.insert_models, found)
+    return {"models": [records.parse_row(r).public(root(call)) for r in inserted]}
+
+
+async def delete(call: Call, args: DeleteArgs) -> dict[str, Any]:
+    app = call.app
+    async with app.lifecycle.lock:
+        record = await load_model(call, args.id)
+        path = root(call) / record.dir if record.dir else None
+        if record.status is ModelStatus.DOWNLOADING:
+            raise Conflict(f"model {record.id} is downloading; cancel the download first")
+        if app.lifecycle.is_running(record.id, path):
+            raise Conflict(f"model {record.id} is running; stop the runtime first")
+        quarantined = None
+        if args.files and record.dir:
+            try:
+                quarantined = await in_executor(files.quarantine, root(call), record.id, record.dir)
+            except OSError as exc:
+                raise InvalidArguments(f"cannot move {path} aside: {exc.strerror}", loc=["files"]) from None
+            records.crash_point("quarantined")
+        try:
+            deleted = await app.db.query(store.delete_model, record.id)
+        except Exception:
+            if quarantined is not None:
+                await in_executor(files.restore, root(call), record.id, record.dir)
+            raise
+        if not deleted:
+            raise NotFound(f"no model with id {record.id}")
+        records.crash_point("committed")
+    if quarantined is not None:
+        try:
+            await in_executor(files.purge, quarantined)
+        except OSError:
+            log.exception("could not remove %s; the next start removes it", quarantined)
+    return {"deleted": record.id}
+
+
 def register(registry: Registry) -> None:
-    @registry.method("models.list", "Registered models with status, path and size.", NoArgs, ModelList, READ)
-    async def list_models(call: Call, args: NoArgs) -> dict[str, Any]:
-        rows = await call.app.db.query(store.model_rows)
-        return {"models": [records.parse_row(row).public(root(call)) for row in rows]}
-
-    @registry.method("models.get", "One model by id.", IdArgs, ModelResult, READ)
-    async def get_model(call: Call, args: IdArgs) -> dict[str, Any]:
-        return {"model": (await load_model(call, args.id)).public(root(call))}
-
-    @registry.method(
+    registry.method("models.list", "Registered models with status, path and size.", NoArgs, ModelList, READ)(
+        list_models
+    )
+    registry.method("models.get", "One model by id.", IdArgs, ModelResult, READ)(get_model)
+    registry.method(
         "models.register_local",
         "Register a model directory that already sits directly under the models root; it is ready at once.",
         LocalArgs,
         ModelResult,
         MODELS_WRITE,
-    )
-    async def register_local(call: Call, args: LocalArgs) -> dict[str, Any]:
-        if args.name is not None:  # an explicit name is checked as given: "" and blanks are refused
-            records.validate_name(args.name)
-        directory = await in_executor(files.resolve_local_dir, root(call), args.path)
-        size = await in_executor(files.directory_size, root(call) / directory)
-        name = args.name if args.name is not None else display_name(directory)
-        record = new_record(name, "local", directory, status=ModelStatus.READY, size_bytes=size)
-        if not await call.app.db.query(store.insert_model, record):
-            raise Conflict(f"{root(call) / directory} is already registered", loc=["path"])
-        return {"model": records.parse_row(record).public(root(call))}
-
-    @registry.method(
+    )(register_local)
+    registry.method(
         "models.register_huggingface",
         "Register a Hugging Face repository (owner/name at a revision) to download into <models-dir>/<id>.",
         HuggingFaceArgs,
         ModelResult,
         MODELS_WRITE,
-    )
-    async def register_huggingface(call: Call, args: HuggingFaceArgs) -> dict[str, Any]:
-        records.validate_repository(args.repository)
-        records.validate_revision(args.revision)
-        name = records.validate_name(args.name) if args.name is not None else args.repository
-        model_id = uuid.uuid4().hex
-        record = new_record(
-            name, "huggingface", model_id, id=model_id, repository=args.repository, revision=args.revision
-        )
-        if not await call.app.db.query(store.insert_model, record):
-            raise Conflict("a model already owns this directory")
-        return {"model": records.parse_row(record).public(root(call))}
-
-    @registry.method(
+    )(register_huggingface)
+    registry.method(
         "models.scan",
         "Register every real subdirectory of the models root that holds a config.json and has no record yet.",
         NoArgs,
         ModelList,
         MODELS_WRITE,
-    )
-    async def scan(call: Call, args: NoArgs) -> dict[str, Any]:
-        known = await call.app.db.query(store.model_dirs)
-        names = await in_executor(files.scan_candidates, root(call), known)
-        found = []
-        for name in names:
-            size = await in_executor(files.directory_size, root(call) / name)
-            found.append(
-                new_record(display_name(name), "local", name, status=ModelStatus.READY, size_bytes=size)
-            )
-        inserted = await call.app.db.query(store.insert_models, found)
-        return {"models": [records.parse_row(r).public(root(call)) for r in inserted]}
-
-    @registry.method(
+    )(scan)
+    registry.method(
         "models.delete",
         "Delete a model record; with files=true also its directory (crash-safe). A running or downloading "
         "model cannot be deleted.",
         DeleteArgs,
         Deleted,
         MODELS_WRITE,
-    )
-    async def delete(call: Call, args: DeleteArgs) -> dict[str, Any]:
-        app = call.app
-        async with app.lifecycle.lock:
-            record = await load_model(call, args.id)
-            path = root(call) / record.dir if record.dir else None
-            if record.status is ModelStatus.DOWNLOADING:
-                raise Conflict(f"model {record.id} is downloading; cancel the download first")
-            if app.lifecycle.is_running(record.id, path):
-                raise Conflict(f"model {record.id} is running; stop the runtime first")
-            quarantined = None
-            if args.files and record.dir:
-                try:
-                    quarantined = await in_executor(files.quarantine, root(call), record.id, record.dir)
-                except OSError as exc:
-                    raise InvalidArguments(
-                        f"cannot move {path} aside: {exc.strerror}", loc=["files"]
-                    ) from None
-                records.crash_point("quarantined")
-            try:
-                deleted = await app.db.query(store.delete_model, record.id)
-            except Exception:
-                if quarantined is not None:
-                    await in_executor(files.restore, root(call), record.id, record.dir)
-                raise
-            if not deleted:
-                raise NotFound(f"no model with id {record.id}")
-            records.crash_point("committed")
-        if quarantined is not None:
-            try:
-                await in_executor(files.purge, quarantined)
-            except OSError:
-                log.exception("could not remove %s; the next start removes it", quarantined)
-        return {"deleted": record.id}
+    )(delete)

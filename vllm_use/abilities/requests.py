@@ -58,8 +58,18 @@ class RecentList(Result):
     auth_failures: AuthFailureCounts
 
 
+async def recent(call: Call, args: RecentArgs) -> dict[str, Any]:
+    records, corrupt = await call.app.db.query(audit.read_newest, args.limit)
+    failures = call.app.auth.failures.snapshot()
+    return {
+        "requests": records,
+        "corrupt": corrupt,
+        "auth_failures": {**failures, "last_at": iso(failures["last_at"])},
+    }
+
+
 def register(registry: Registry) -> None:
-    @registry.method(
+    registry.method(
         "requests.recent",
         "Recent gateway (/v1) requests with a recognised key, newest first: status, latency, model, "
         "key id; never prompts or outputs. Rows that fail validation are listed in `corrupt`; "
@@ -67,12 +77,4 @@ def register(registry: Registry) -> None:
         RecentArgs,
         RecentList,
         READ,
-    )
-    async def recent(call: Call, args: RecentArgs) -> dict[str, Any]:
-        records, corrupt = await call.app.db.query(audit.read_newest, args.limit)
-        failures = call.app.auth.failures.snapshot()
-        return {
-            "requests": records,
-            "corrupt": corrupt,
-            "auth_failures": {**failures, "last_at": iso(failures["last_at"])},
-        }
+    )(recent)

@@ -189,8 +189,78 @@ ANSWER = (
 )
 
 
+async def status(call: Call, args: NoArgs) -> dict[str, Any]:
+    return _with_upstream(call, call.app.runtime.status())
+
+
+async def logs(call: Call, args: LogsArgs) -> dict[str, Any]:
+    return {"lines": call.app.runtime.logs.lines(args.tail)}
+
+
+async def start(call: Call, args: StartArgs) -> dict[str, Any]:
+    options = args.options
+    if options.model is None:
+        raise _bad("options.model", "runtime.start needs a model (or use runtime.switch with a model_id)")
+    _check_argv(call, options.model, options)
+    runtime = call.app.runtime
+    async with call.app.lifecycle.lock:
+        _one_start_at_a_time(runtime)
+        if runtime.state.live:
+            raise Conflict(
+                f"the runtime is {runtime.state}; use runtime.restart, runtime.switch or stop it",
+                state=runtime.state.value,
+            )
+        model, real = await _direct_target(call, options.model)  # just before the spawn
+        child = runtime.spawn(model, options, active_model_id=None, model_path=real)
+    return _with_upstream(call, await runtime.wait_settled(child, args.wait))
+
+
+async def switch(call: Call, args: SwitchArgs) -> dict[str, Any]:
+    options = args.options or RuntimeOptions()
+    if options.model is not None:
+        raise _bad("options.model", "runtime.switch takes the model from the registry; leave it out")
+    runtime = call.app.runtime
+    async with call.app.lifecycle.lock:
+        record, path = await _switch_target(call, args.model_id)
+        if options.served_model_name is None and re.fullmatch(NAME_PATTERN, record.name):
+            options = options.model_copy(update={"served_model_name": record.name})
+        _check_argv(call, str(path), options)
+        _one_start_at_a_time(runtime)
+        await runtime.stop()
+        record, path = await _switch_target(call, args.model_id)  # re-checked just before spawn
+        child = runtime.spawn(str(path), options, active_model_id=record.id, model_path=path)
+    return _with_upstream(call, await runtime.wait_settled(child, args.wait))
+
+
+async def restart(call: Call, args: RestartArgs) -> dict[str, Any]:
+    runtime = call.app.runtime
+    async with call.app.lifecycle.lock:
+        current = runtime.child
+        if current is None or (runtime.state is RuntimeState.STOPPED and current.model is None):
+            raise Conflict("nothing to restart: start or switch first")
+        options = args.options or current.options
+        if args.options is not None and current.active_model_id and options.model is not None:
+            raise _bad("options.model", "a registry model's path can't be changed; use runtime.switch")
+        model = current.model if current.active_model_id or options.model is None else options.model
+        _check_argv(call, model, options)
+        _one_start_at_a_time(runtime)
+        active, model_path = current.active_model_id, current.model_path
+        if active:
+            _, model_path = await _switch_target(call, active)
+        elif options.model is not None:
+            model, model_path = await _direct_target(call, options.model)
+        await runtime.stop()
+        child = runtime.spawn(model, options, active_model_id=active, model_path=model_path)
+    return _with_upstream(call, await runtime.wait_settled(child, args.wait))
+
+
+async def stop(call: Call, args: NoArgs) -> dict[str, Any]:
+    async with call.app.lifecycle.lock:
+        return _with_upstream(call, await call.app.runtime.stop())
+
+
 def register(registry: Registry) -> None:
-    @registry.method(
+    registry.method(
         "runtime.status",
         "The vLLM runtime: state, pid, port, options, active model, uptime; while starting how long "
         "it has been loading, its start timeout and its last log line; exit code and last lines on "
@@ -198,99 +268,36 @@ def register(registry: Registry) -> None:
         NoArgs,
         Status,
         READ,
-    )
-    async def status(call: Call, args: NoArgs) -> dict[str, Any]:
-        return _with_upstream(call, call.app.runtime.status())
-
-    @registry.method("runtime.logs", "vLLM's output (bounded, newest last).", LogsArgs, LogLines, READ)
-    async def logs(call: Call, args: LogsArgs) -> dict[str, Any]:
-        return {"lines": call.app.runtime.logs.lines(args.tail)}
-
-    @registry.method(
+    )(status)
+    registry.method("runtime.logs", "vLLM's output (bounded, newest last).", LogsArgs, LogLines, READ)(logs)
+    registry.method(
         "runtime.start",
         "Start vllm serve directly on options.model, a directory inside the models root (a Hub id or "
         "another path needs the operator's --allow-any-model-path). " + ANSWER,
         StartArgs,
         Status,
         RUNTIME_WRITE,
-    )
-    async def start(call: Call, args: StartArgs) -> dict[str, Any]:
-        options = args.options
-        if options.model is None:
-            raise _bad("options.model", "runtime.start needs a model (or use runtime.switch with a model_id)")
-        _check_argv(call, options.model, options)
-        runtime = call.app.runtime
-        async with call.app.lifecycle.lock:
-            _one_start_at_a_time(runtime)
-            if runtime.state.live:
-                raise Conflict(
-                    f"the runtime is {runtime.state}; use runtime.restart, runtime.switch or stop it",
-                    state=runtime.state.value,
-                )
-            model, real = await _direct_target(call, options.model)  # just before the spawn
-            child = runtime.spawn(model, options, active_model_id=None, model_path=real)
-        return _with_upstream(call, await runtime.wait_settled(child, args.wait))
-
-    @registry.method(
+    )(start)
+    registry.method(
         "runtime.switch",
         "Run a ready registered model, stopping whatever runs now. " + ANSWER,
         SwitchArgs,
         Status,
         RUNTIME_WRITE,
-    )
-    async def switch(call: Call, args: SwitchArgs) -> dict[str, Any]:
-        options = args.options or RuntimeOptions()
-        if options.model is not None:
-            raise _bad("options.model", "runtime.switch takes the model from the registry; leave it out")
-        runtime = call.app.runtime
-        async with call.app.lifecycle.lock:
-            record, path = await _switch_target(call, args.model_id)
-            if options.served_model_name is None and re.fullmatch(NAME_PATTERN, record.name):
-                options = options.model_copy(update={"served_model_name": record.name})
-            _check_argv(call, str(path), options)
-            _one_start_at_a_time(runtime)
-            await runtime.stop()
-            record, path = await _switch_target(call, args.model_id)  # re-checked just before spawn
-            child = runtime.spawn(str(path), options, active_model_id=record.id, model_path=path)
-        return _with_upstream(call, await runtime.wait_settled(child, args.wait))
-
-    @registry.method(
+    )(switch)
+    registry.method(
         "runtime.restart",
         "Restart the running (or failed) model, optionally with new options, validated before "
         "anything is stopped. " + ANSWER,
         RestartArgs,
         Status,
         RUNTIME_WRITE,
-    )
-    async def restart(call: Call, args: RestartArgs) -> dict[str, Any]:
-        runtime = call.app.runtime
-        async with call.app.lifecycle.lock:
-            current = runtime.child
-            if current is None or (runtime.state is RuntimeState.STOPPED and current.model is None):
-                raise Conflict("nothing to restart: start or switch first")
-            options = args.options or current.options
-            if args.options is not None and current.active_model_id and options.model is not None:
-                raise _bad("options.model", "a registry model's path can't be changed; use runtime.switch")
-            model = current.model if current.active_model_id or options.model is None else options.model
-            _check_argv(call, model, options)
-            _one_start_at_a_time(runtime)
-            active, model_path = current.active_model_id, current.model_path
-            if active:
-                _, model_path = await _switch_target(call, active)
-            elif options.model is not None:
-                model, model_path = await _direct_target(call, options.model)
-            await runtime.stop()
-            child = runtime.spawn(model, options, active_model_id=active, model_path=model_path)
-        return _with_upstream(call, await runtime.wait_settled(child, args.wait))
-
-    @registry.method(
+    )(restart)
+    registry.method(
         "runtime.stop",
         "Stop vLLM: SIGTERM to its process group, SIGKILL after a grace period; a start still "
         "loading is killed at once (its waiters get a conflict).",
         NoArgs,
         Status,
         RUNTIME_WRITE,
-    )
-    async def stop(call: Call, args: NoArgs) -> dict[str, Any]:
-        async with call.app.lifecycle.lock:
-            return _with_upstream(call, await call.app.runtime.stop())
+    )(stop)

@@ -70,41 +70,45 @@ class Deleted(Result):
     deleted: str
 
 
-def register(registry: Registry) -> None:
-    @registry.method("settings.list", "List settings (never secrets).", NoArgs, SettingList, READ)
-    async def list_settings(call: Call, args: NoArgs) -> dict[str, Any]:
-        return {"settings": await call.app.db.query(settings.read_all)}
+async def list_settings(call: Call, args: NoArgs) -> dict[str, Any]:
+    return {"settings": await call.app.db.query(settings.read_all)}
 
-    @registry.method(
+
+async def update(call: Call, args: UpdateArgs) -> dict[str, Any]:
+    errors, seen = [], set()
+    for i, item in enumerate(args.settings):
+        if is_sensitive_key(item.key):
+            errors.append(
+                {
+                    "loc": ["settings", i, "key"],
+                    "msg": "looks like a secret; pass credentials as flags/env",
+                }
+            )
+        elif item.key in seen:
+            errors.append({"loc": ["settings", i, "key"], "msg": "key given twice"})
+        seen.add(item.key)
+    if errors:
+        raise InvalidArguments(
+            f"invalid arguments: settings.{errors[0]['loc'][1]}.key: {errors[0]['msg']}", errors=errors
+        )
+    return {"settings": await call.app.db.query(settings.upsert, [(s.key, s.value) for s in args.settings])}
+
+
+async def delete(call: Call, args: KeyArgs) -> dict[str, Any]:
+    if not await call.app.db.query(settings.delete, args.key):
+        raise NotFound(f"no setting {args.key!r}")
+    return {"deleted": args.key}
+
+
+def register(registry: Registry) -> None:
+    registry.method("settings.list", "List settings (never secrets).", NoArgs, SettingList, READ)(
+        list_settings
+    )
+    registry.method(
         "settings.update",
         "Set several settings at once, all or nothing. Keys that look like secrets are refused.",
         UpdateArgs,
         SettingList,
         ADMIN_WRITE,
-    )
-    async def update(call: Call, args: UpdateArgs) -> dict[str, Any]:
-        errors, seen = [], set()
-        for i, item in enumerate(args.settings):
-            if is_sensitive_key(item.key):
-                errors.append(
-                    {
-                        "loc": ["settings", i, "key"],
-                        "msg": "looks like a secret; pass credentials as flags/env",
-                    }
-                )
-            elif item.key in seen:
-                errors.append({"loc": ["settings", i, "key"], "msg": "key given twice"})
-            seen.add(item.key)
-        if errors:
-            raise InvalidArguments(
-                f"invalid arguments: settings.{errors[0]['loc'][1]}.key: {errors[0]['msg']}", errors=errors
-            )
-        return {
-            "settings": await call.app.db.query(settings.upsert, [(s.key, s.value) for s in args.settings])
-        }
-
-    @registry.method("settings.delete", "Delete one setting.", KeyArgs, Deleted, ADMIN_WRITE)
-    async def delete(call: Call, args: KeyArgs) -> dict[str, Any]:
-        if not await call.app.db.query(settings.delete, args.key):
-            raise NotFound(f"no setting {args.key!r}")
-        return {"deleted": args.key}
+    )(update)
+    registry.method("settings.delete", "Delete one setting.", KeyArgs, Deleted, ADMIN_WRITE)(delete)

@@ -80,34 +80,37 @@ def _limits() -> dict[str, int]:
     }
 
 
+async def list_sessions(call: Call, args: ListArgs) -> dict[str, Any]:
+    found = call.app.streams.sessions(args.key_id)
+    return {
+        "sessions": [s.describe_for_admin() for s in found],
+        "held_bytes": call.app.streams.held_bytes,
+        "limits": _limits(),
+    }
+
+
+async def cancel(call: Call, args: CancelArgs) -> dict[str, Any]:
+    session = call.app.streams.get(args.conversation_id, args.key_id)
+    if session is None:
+        raise NotFound(f"key {args.key_id} has no stream session {args.conversation_id!r}")
+    session.cancel()
+    return {"session": session.describe_for_admin()}
+
+
 def register(registry: Registry) -> None:
-    @registry.method(
+    registry.method(
         "streams.list",
         "Every resumable stream session of every key (or of `key_id`), oldest first: owner key id, "
         "conversation id, model, state, bytes and times, with the limits they count against.",
         ListArgs,
         SessionList,
         KEYS_READ,
-    )
-    async def list_sessions(call: Call, args: ListArgs) -> dict[str, Any]:
-        found = call.app.streams.sessions(args.key_id)
-        return {
-            "sessions": [s.describe_for_admin() for s in found],
-            "held_bytes": call.app.streams.held_bytes,
-            "limits": _limits(),
-        }
-
-    @registry.method(
+    )(list_sessions)
+    registry.method(
         "streams.cancel",
         "Stop a key's live stream session: its upstream generation is aborted and its readers end. "
         "A finished session is left as it is. Answers the session.",
         CancelArgs,
         Cancelled,
         ADMIN_WRITE,
-    )
-    async def cancel(call: Call, args: CancelArgs) -> dict[str, Any]:
-        session = call.app.streams.get(args.conversation_id, args.key_id)
-        if session is None:
-            raise NotFound(f"key {args.key_id} has no stream session {args.conversation_id!r}")
-        session.cancel()
-        return {"session": session.describe_for_admin()}
+    )(cancel)

@@ -128,56 +128,61 @@ def _count_rows(db: Database) -> dict[str, int]:
     return {"api_keys": key_store.count(db), "settings": settings.count(db), "requests": audit.count(db)}
 
 
+async def test(call: Call, args: TestArgs) -> dict[str, Any]:
+    return {"ok": True, "message": args.message, "protocol": "mcp" if call.surface == "mcp" else "http"}
+
+
+async def system_get(call: Call, args: NoArgs) -> dict[str, Any]:
+    return await system_info(call)
+
+
+async def mcp_status(call: Call, args: NoArgs) -> dict[str, Any]:
+    return {
+        "endpoint": mcp_endpoint(call),
+        "protocol_version": MCP_PROTOCOL_VERSION,
+        "transport": "streamable-http (stateless, JSON responses)",
+        # Over MCP, the tools this key sees (tools/list); over /api, all of them.
+        "tool_count": sum(
+            1 for m in call.app.registry if call.identity.may_call(m.scope, Surface.MCP, public=m.public)
+        )
+        if call.surface == Surface.MCP
+        else len(call.app.registry),
+    }
+
+
+async def dashboard_get(call: Call, args: NoArgs) -> dict[str, Any]:
+    gpus = await _gpus_or_error()
+    system, counts = await asyncio.gather(system_info(call, gpus), call.app.db.query(_count_rows))
+    return {"system": system, "gpus": gpus, "counts": counts}
+
+
 def register(registry: Registry) -> None:
-    @registry.method(
+    registry.method(
         "test",
         "Check connectivity and credentials: echoes the message and names the protocol used.",
         TestArgs,
         TestResult,
         MethodScope(api=None, mcp=None),
         public=True,
-    )
-    async def test(call: Call, args: TestArgs) -> dict[str, Any]:
-        return {"ok": True, "message": args.message, "protocol": "mcp" if call.surface == "mcp" else "http"}
-
-    @registry.method(
+    )(test)
+    registry.method(
         "system.get",
         "Version, uptime, data and models directories, the vllm/hf/nvidia-smi tools found, GPU count.",
         NoArgs,
         SystemInfo,
         READ,
-    )
-    async def system_get(call: Call, args: NoArgs) -> dict[str, Any]:
-        return await system_info(call)
-
-    @registry.method(
+    )(system_get)
+    registry.method(
         "mcp.status",
         "The MCP endpoint URL, protocol version and number of tools (over MCP: those this key may call).",
         NoArgs,
         McpStatus,
         READ,
-    )
-    async def mcp_status(call: Call, args: NoArgs) -> dict[str, Any]:
-        return {
-            "endpoint": mcp_endpoint(call),
-            "protocol_version": MCP_PROTOCOL_VERSION,
-            "transport": "streamable-http (stateless, JSON responses)",
-            # Over MCP, the tools this key sees (tools/list); over /api, all of them.
-            "tool_count": sum(
-                1 for m in call.app.registry if call.identity.may_call(m.scope, Surface.MCP, public=m.public)
-            )
-            if call.surface == Surface.MCP
-            else len(call.app.registry),
-        }
-
-    @registry.method(
+    )(mcp_status)
+    registry.method(
         "dashboard.get",
         "One call for the overview page: system, GPUs and record counts.",
         NoArgs,
         Dashboard,
         READ,
-    )
-    async def dashboard_get(call: Call, args: NoArgs) -> dict[str, Any]:
-        gpus = await _gpus_or_error()
-        system, counts = await asyncio.gather(system_info(call, gpus), call.app.db.query(_count_rows))
-        return {"system": system, "gpus": gpus, "counts": counts}
+    )(dashboard_get)
