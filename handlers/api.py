@@ -19,7 +19,7 @@ from typing import Any
 import tornado.web
 
 from handlers.base import JsonHandler
-from vllm_use.errors import InvalidArguments, PermissionDenied, VllmUseError
+from vllm_use.errors import InvalidArguments, VllmUseError
 from vllm_use.scopes import MethodScope, Scope, Surface
 
 
@@ -205,14 +205,13 @@ class RouteHandler(JsonHandler):
 class MetaHandler(JsonHandler):
     """`GET /api/methods` and `GET /api/openapi.json`."""
 
+    required = META_SCOPE
+
     def initialize(self, document: str, **kwargs: Any) -> None:  # type: ignore[override]
         super().initialize(**kwargs)
         self.document = document
 
     def get(self) -> None:
-        if self.identity is None or not self.identity.may_call(META_SCOPE, Surface.API):
-            self.fail(PermissionDenied("admin.read is required"))
-            return
         if self.document == "openapi":
             from handlers.openapi import openapi_document
 

@@ -30,13 +30,14 @@ from vllm_use.context import AppContext
 from vllm_use.errors import (
     InvalidArguments,
     PayloadTooLarge,
+    PermissionDenied,
     TooManyRequests,
     Unauthenticated,
     VllmUseError,
 )
 from vllm_use.executor import Executor
 from vllm_use.keys.authenticator import parse_bearer
-from vllm_use.scopes import Identity, Surface
+from vllm_use.scopes import Identity, MethodScope, Surface
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ class JsonHandler(tornado.web.RequestHandler):
     surface: Surface = Surface.API
     public = False
     body_limit = BODY_LIMIT
+    # The scope a handler requires of every caller, checked here after authentication (403 when
+    # missing). None: the handler's calls go through the executor, which checks each method's own.
+    required: MethodScope | None = None
 
     def _too_large_error(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body is larger than {self.body_limit} bytes", limit=self.body_limit)
@@ -143,6 +147,8 @@ class JsonHandler(tornado.web.RequestHandler):
         self.check_body_size()
         if not self.public:
             self.identity = await self.authenticate()
+            if self.required is not None and not self.identity.may_call(self.required, self.surface):
+                raise PermissionDenied(f"{self.required.for_surface(self.surface)} is required")
 
     def refuse(self, exc: VllmUseError) -> None:
         """Answer `exc` now, whatever of the body is still coming, and close the connection.

@@ -2,7 +2,7 @@
 (docs/runtime.md).
 
 Not registry methods, and not MCP tools: streams for the console. Each needs
-`admin.read` (checked with the same `Identity.may_call` the executor uses),
+`admin.read` (`required`, checked by the base with the `Identity.may_call` the executor uses),
 sends the current state first, then each change, a `: heartbeat` comment every
 `HEARTBEAT_S`, and ends cleanly when the client goes away or the server shuts
 down. A client that does not read costs a bounded queue, never memory.
@@ -30,9 +30,9 @@ import tornado.web
 from tornado.iostream import StreamClosedError
 
 from handlers.base import JsonHandler
-from vllm_use.errors import InvalidArguments, PermissionDenied
+from vllm_use.errors import InvalidArguments
 from vllm_use.runtime.supervisor import RuntimeLog
-from vllm_use.scopes import MethodScope, Scope, Surface
+from vllm_use.scopes import MethodScope, Scope
 
 HEARTBEAT_S = 15.0
 QUEUE_MAX = 1000
@@ -44,6 +44,8 @@ EVENTS_SCOPE = MethodScope(api=Scope.ADMIN_READ, mcp=None)
 class EventStreamHandler(JsonHandler):
     """One event stream. A subclass subscribes (calling `wake` when it has something to send),
     sends the current state, and sends what is pending; this class does the rest."""
+
+    required = EVENTS_SCOPE
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Start listening; returns the unsubscribe function. Runs before `send_current`, so no
@@ -60,9 +62,6 @@ class EventStreamHandler(JsonHandler):
         """Check the query's options (after the credential); raise `InvalidArguments` for bad ones."""
 
     async def get(self) -> None:
-        if self.identity is None or not self.identity.may_call(EVENTS_SCOPE, Surface.API):
-            self.fail(PermissionDenied("admin.read is required"))
-            return
         try:
             self.read_query()
         except InvalidArguments as exc:
