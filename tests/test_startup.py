@@ -8,6 +8,7 @@ the option, nothing listens, and a refused file is left exactly as it was.
 
 from __future__ import annotations
 
+import http.server
 import os
 import resource
 import socket
@@ -15,9 +16,11 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support import REPO
 from tests.support.server import ADMIN_TOKEN, Server, eventually, free_port, start_server
@@ -336,3 +339,32 @@ def test_the_open_file_soft_limit_is_raised_to_the_hard_limit_before_the_cap_is_
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+def test_a_server_started_for_a_test_is_never_mistaken_for_another_on_its_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between `free_port()` and the child's bind, another process may take the port (another
+    xdist worker's server did once, and a test then talked to the wrong server). Here a stranger
+    that answers /healthz with 200 holds the port: the start must fail with the child's own
+    refusal, never hand back a server whose port answers for someone else."""
+    import tests.support.server as support
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    stranger = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=stranger.serve_forever, daemon=True).start()
+    monkeypatch.setattr(support, "free_port", lambda: stranger.server_address[1])
+    try:
+        with pytest.raises(AssertionError, match=r"cannot listen on 127\.0\.0\.1"):
+            start_server(tmp_path / "data")
+    finally:
+        stranger.shutdown()
+        stranger.server_close()

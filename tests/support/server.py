@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from tests.support import REPO
+from vllm_use.runtime import procfs
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 MCP_VERSION = "2026-07-28"
@@ -195,20 +196,28 @@ def start_server(
     server = Server(f"http://127.0.0.1:{port}", data_dir, log_path, proc, admin_token)
     if wait:
         try:
-            eventually(lambda: _healthy(server), timeout=20)
+            # An exit ends the wait at once (`_healthy` raises); the deadline only bounds a hang.
+            eventually(lambda: _healthy(server, port), timeout=120)
         except AssertionError:
             server.stop(signal.SIGKILL)
             raise AssertionError("server did not start:\n" + server.log()) from None
     return server
 
 
-def _healthy(server: Server) -> bool:
+def _healthy(server: Server, port: int) -> bool:
+    """Our child answers on `port`. A 200 alone is not enough: between `free_port()` and the
+    child's bind, another process (another xdist worker's server, a second test run) may take the
+    port, and its /healthz would answer for ours. So every socket listening there must be the
+    child's own (the rule the supervisor applies to vLLM's port, docs/runtime.md)."""
     if server.proc.poll() is not None:
         raise AssertionError("server exited early:\n" + server.log())
     try:
-        return server.client.get(server.base_url + "/healthz").status_code == 200
+        if server.client.get(server.base_url + "/healthz").status_code != 200:
+            return False
     except httpx.TransportError:
         return False
+    listening = procfs.listening_inodes(port)
+    return bool(listening) and listening <= procfs.socket_inodes([server.proc.pid])
 
 
 # --- the same application in this process ----------------------------------------------------------------
