@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 
 from tests.support import REPO
-from tests.support.server import eventually, free_port
+from tests.support.server import eventually, free_port, listens_only_in
+from vllm_use.runtime.procfs import group_members
 
 
 def test_make_run_answers_healthz(tmp_path: Path) -> None:
@@ -33,7 +34,8 @@ def test_make_run_answers_healthz(tmp_path: Path) -> None:
                 r = httpx.get(f"http://127.0.0.1:{port}/healthz", trust_env=False)
             except httpx.TransportError:
                 return False
-            return r.status_code == 200 and r.json() == {"status": "ok"}
+            ours = listens_only_in(port, group_members(proc.pid))  # not another process that took the port
+            return r.status_code == 200 and r.json() == {"status": "ok"} and ours
 
         eventually(healthy, timeout=120, interval=0.2)
         token_file = tmp_path / "data" / "admin-token"

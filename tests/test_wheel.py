@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from tests.support import REPO
-from tests.support.server import ADMIN_TOKEN, Server, eventually, free_port
+from tests.support.server import ADMIN_TOKEN, Server, eventually, free_port, listens_only_in
 
 # What the build reads (setup.cfg: its packages, static/ with the vendored libraries, README.md as
 # the long description). A file the wheel needs from elsewhere fails the content checks below.
@@ -104,12 +104,13 @@ def wheel_server(installed: Installed) -> Iterator[Server]:
     def healthy() -> bool:
         assert proc.poll() is None, "installed server exited early:\n" + server.log()
         try:
-            return server.fetch("/healthz", token=None).status_code == 200
+            answered = server.fetch("/healthz", token=None).status_code == 200
         except httpx.TransportError:
             return False
+        return answered and listens_only_in(port, [proc.pid])  # not another process that took the port
 
     try:
-        eventually(healthy, timeout=20)
+        eventually(healthy, timeout=120)  # an exit ends the wait at once; this bounds only a hang
         yield server
     finally:
         assert server.stop() == 0, server.log()

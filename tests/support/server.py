@@ -216,8 +216,13 @@ def _healthy(server: Server, port: int) -> bool:
             return False
     except httpx.TransportError:
         return False
+    return listens_only_in(port, [server.proc.pid])
+
+
+def listens_only_in(port: int, pids: list[int]) -> bool:
+    """Whether someone listens on 127.0.0.1:`port` and every such socket is held by one of `pids`."""
     listening = procfs.listening_inodes(port)
-    return bool(listening) and listening <= procfs.socket_inodes([server.proc.pid])
+    return bool(listening) and listening <= procfs.socket_inodes(pids)
 
 
 # --- the same application in this process ----------------------------------------------------------------
