@@ -181,21 +181,6 @@ class Exchange:
         self.raw = b""
         self.eof = False
 
-    def step_engine_until(self, engine: int, done: Callable[[bytes], bool], timeout: float = 120) -> None:
-        """Let a stopped (SIGSTOP) engine run in short steps, stopping it again after each, until
-        `done(raw)`: the engine runs only while we let it, so a loaded machine that is slow to
-        read (the tiny model writes 2000 tokens in about a second) makes the test slower, never lets
-        the generation reach its end unseen. The engine is stopped when this returns."""
-        deadline = time.monotonic() + timeout
-        with self._arrived:
-            while not done(self.raw):
-                assert not self.eof, f"the answer ended first: {self.raw[-600:]!r}"
-                assert time.monotonic() < deadline, f"not within {timeout} s: {self.raw[-600:]!r}"
-                os.kill(engine, signal.SIGCONT)
-                time.sleep(0.002)  # a step: the engine gets the CPU for a moment
-                os.kill(engine, signal.SIGSTOP)
-                self._arrived.wait(0.05)  # what the step produced reaches us (or the next step)
-
     def read_until(self, done: Callable[[bytes], bool], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not done(self.raw):
