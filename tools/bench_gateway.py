@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 from tests.support.server import free_port, start_server  # noqa: E402
 
 CHUNKS = 64
+KEYS = 8
 STREAM_CPU_TARGET_MS = 1.0
 SMALL_CPU_TARGET_MS = 0.6
 ADDED_TTFB_TARGET_MS = 1.0
@@ -185,11 +186,11 @@ class Target:
     name: str
     port: int
     model: str
-    token: str | None = None
+    tokens: tuple[str, ...] = ()  # connection i sends tokens[i % len]: a key has at most 8 live streams
     conversation: bool = False
     seq: list[int] = field(default_factory=lambda: [0])
 
-    def request(self, stream: bool) -> bytes:
+    def request(self, stream: bool, slot: int = 0) -> bytes:
         body = json.dumps(
             {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
         ).encode()
@@ -197,8 +198,8 @@ class Target:
             "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n"
         )
-        if self.token:
-            head += f"Authorization: Bearer {self.token}\r\n"
+        if self.tokens:
+            head += f"Authorization: Bearer {self.tokens[slot % len(self.tokens)]}\r\n"
         if self.conversation:
             self.seq[0] += 1
             head += f"X-Conversation-Id: bench-{self.seq[0]}\r\n"
@@ -232,18 +233,18 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, p
 async def load(target: Target, stream: bool, concurrency: int, requests: int) -> tuple[list[Sample], float]:
     """`requests` requests over `concurrency` keep-alive connections; the samples and the wall time (s)."""
     conns = [await asyncio.open_connection("127.0.0.1", target.port) for _ in range(concurrency)]
-    if target.token is None:  # direct to the upstream
+    if not target.tokens:  # direct to the upstream
         BENCH_PORTS.update(w.get_extra_info("sockname")[1] for _, w in conns)
     left = [requests]
     samples: list[Sample] = []
 
-    async def worker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def worker(slot: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while left[0] > 0:
             left[0] -= 1
-            samples.append(await exchange(reader, writer, target.request(stream)))
+            samples.append(await exchange(reader, writer, target.request(stream, slot)))
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker(r, w) for r, w in conns))
+    await asyncio.gather(*(worker(slot, r, w) for slot, (r, w) in enumerate(conns)))
     wall = time.perf_counter() - started
     for _, writer in conns:
         writer.close()
@@ -325,12 +326,12 @@ async def run(
     upstream_pid: int,
     upstream_port: int,
     gw_port: int,
-    secret: str,
+    secrets: tuple[str, ...],
 ) -> None:
     targets = [
         Target("upstream direct", upstream_port, "tiny"),
-        Target("gateway", gw_port, "fast", secret),
-        Target("gateway + conv-id", gw_port, "fast", secret, conversation=True),
+        Target("gateway", gw_port, "fast", secrets),
+        Target("gateway + conv-id", gw_port, "fast", secrets, conversation=True),
     ]
     rows: dict[tuple[str, bool, int], dict[str, float]] = {}
     gw_requests = gw_opened = 0
@@ -468,11 +469,12 @@ def main() -> None:
                 env=env,
             )
             try:
-                _, secret = server.create_key("inference", name="bench")
+                # 8 keys over the 32 connections: 4 live resumable streams per key, within its 8.
+                secrets = tuple(server.create_key("inference", name=f"bench-{i}")[1] for i in range(KEYS))
                 gw_port = int(server.base_url.rsplit(":", 1)[1])
                 print(f"gateway {server.base_url} (pid {server.proc.pid}), upstream port {upstream_port}")
                 print()
-                asyncio.run(run(opts, server.proc.pid, upstream.pid, upstream_port, gw_port, secret))
+                asyncio.run(run(opts, server.proc.pid, upstream.pid, upstream_port, gw_port, secrets))
             finally:
                 server.stop()
     finally:
