@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from vllm_use.config import Config
 from vllm_use.errors import UpstreamUnavailable
-from vllm_use.lifecycle import Lifecycle
+from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import RuntimeState
 from vllm_use.scopes import Identity, Surface
 
