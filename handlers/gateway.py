@@ -83,8 +83,11 @@ def _upstream_lost_event(anthropic: bool) -> bytes:
     return b"\n\ndata: " + json.dumps({"error": error}).encode() + b"\n\n"
 
 
-@tornado.web.stream_request_body
-class GatewayHandler(JsonHandler):
+class GatewaySurface(JsonHandler):
+    """What every `/v1` handler shares: an `inference` key (registered in `app.live` while the
+    request runs), the request id, the OpenAI or Anthropic error shape, and one audit record per
+    authenticated request. `RelayHandler` and `StreamHandler` are its two kinds of request."""
+
     surface = Surface.GATEWAY
     body_limit = BODY_LIMIT
 
@@ -95,11 +98,7 @@ class GatewayHandler(JsonHandler):
         self.request_id = request_id_or(self.request.headers.get("X-Request-ID"), self.audit_id)
         self.model_sent: str | None = None
         self.streamed = False
-        self._upstream: HTTPRequest | None = None
-        self._header_lines: list[str] = []
-        self._headers_sent = False
         self._client_gone = False
-        self.session: StreamSession | None = None
         self._upstream_broke = False
         self._stopped = False  # canceled by DELETE /v1/stream
         # set_default_headers ran in __init__, before request_id existed (it runs again after clear()).
@@ -165,7 +164,52 @@ class GatewayHandler(JsonHandler):
             payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         self.finish(json.dumps(payload))
 
-    # --- the exchange ------------------------------------------------------------------------
+    # --- the end -------------------------------------------------------------------------------
+
+    def on_connection_close(self) -> None:
+        # The base fails a body read still pending: without it, a client that hangs up mid-body
+        # leaves this handler (and the body so far) waiting forever.
+        super().on_connection_close()
+        if self._upstream_broke or self._stopped:
+            return  # we closed it
+        self._client_gone = True
+
+    def on_finish(self) -> None:
+        """Tornado runs this once the response is done (or the connection closed under it):
+        forget the request in `app.live` and audit it. A request refused before a key was
+        recognised is not audited: `authenticate` counted it (docs/gateway.md)."""
+        super().on_finish()
+        identity = self.identity
+        if identity is None or identity.key_id is None:
+            return
+        self.app.live.remove(identity.key_id, getattr(self, "_live_token", 0))
+        self.app.audit.record(
+            audit_id=self.audit_id,
+            request_id=self.request_id,
+            key_id=identity.key_id,
+            method=self.request.method or "",
+            path=self.request.path,
+            model=self.model_sent,
+            status=502
+            if self._upstream_broke
+            else 499
+            if self._client_gone or self._stopped
+            else self.get_status(),
+            duration_ms=(time.perf_counter() - self.started) * 1000,
+            stream=self.streamed,
+        )
+
+
+@tornado.web.stream_request_body
+class RelayHandler(GatewaySurface):
+    """One `/v1` exchange relayed to the upstream: the inference routes and `/v1/models`."""
+
+    def initialize(self, **kwargs: Any) -> None:  # type: ignore[override]
+        super().initialize(**kwargs)
+        self._upstream: HTTPRequest | None = None
+        self._header_lines: list[str] = []
+        self._headers_sent = False
+        self.session: StreamSession | None = None
 
     async def post(self, path: str) -> None:
         if path == "models":
@@ -335,43 +379,13 @@ class GatewayHandler(JsonHandler):
             pass
 
     def on_connection_close(self) -> None:
-        # The base fails a body read still pending: without it, a client that hangs up mid-body
-        # leaves this handler (and the body so far) waiting forever.
-        super().on_connection_close()
-        if self._upstream_broke or self._stopped:
-            return  # we closed it
-        self._client_gone = True
-        if self._upstream is not None and self.session is None:
-            PooledClient.cancel(self._upstream)
-
-    def on_finish(self) -> None:
-        """Tornado runs this once the response is done (or the connection closed under it):
-        forget the request in `app.live` and audit it. A request refused before a key was
-        recognised is not audited: `authenticate` counted it (docs/gateway.md)."""
-        super().on_finish()
-        identity = self.identity
-        if identity is None or identity.key_id is None:
-            return
-        self.app.live.remove(identity.key_id, getattr(self, "_live_token", 0))
-        self.app.audit.record(
-            audit_id=self.audit_id,
-            request_id=self.request_id,
-            key_id=identity.key_id,
-            method=self.request.method or "",
-            path=self.request.path,
-            model=self.model_sent,
-            status=502
-            if self._upstream_broke
-            else 499
-            if self._client_gone or self._stopped
-            else self.get_status(),
-            duration_ms=(time.perf_counter() - self.started) * 1000,
-            stream=self.streamed,
-        )
+        super().on_connection_close()  # marks the client gone unless we closed it ourselves
+        if self._client_gone and self._upstream is not None and self.session is None:
+            PooledClient.cancel(self._upstream)  # no one waits for the answer: free vLLM's slot
 
 
 @tornado.web.stream_request_body
-class StreamHandler(GatewayHandler):
+class StreamHandler(GatewaySurface):
     """`GET /v1/stream?conv_id=&from=` (replay then follow), `DELETE /v1/stream?conv_id=` (stop),
     `POST /v1/streams/lookup {"conversation_ids": [...]}` (docs/gateway.md, "Resumable streams").
     Sessions belong to their key."""
@@ -473,5 +487,5 @@ def default_handlers(common: dict[str, Any]) -> list[tuple[str, type, dict[str, 
     paths = "|".join(p.replace("/", r"\/") for p in (*POST_PATHS, "models"))
     return [
         (r"/v1/(stream|streams\/lookup)", StreamHandler, common),
-        (rf"/v1/({paths})", GatewayHandler, common),
+        (rf"/v1/({paths})", RelayHandler, common),
     ]

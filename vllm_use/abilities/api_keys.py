@@ -117,7 +117,7 @@ def _cut_off(call: Call, key_id: str, *, deleted: bool) -> None:
     Closing first means a streaming client sees its connection cut, not a clean end of a
     stream its generation never finished. A deleted key's finished sessions go too; a disabled
     key's stay for replay until gc, should it be enabled again. Requests that authenticated
-    before `forget` are all registered by now (`GatewayHandler.authenticate` registers without
+    before `forget` are all registered by now (`GatewaySurface.authenticate` registers without
     awaiting), and later ones fail (`Authenticator.authenticate` re-checks the epoch).
     """
     closed = call.app.live.revoke(key_id)

@@ -2,7 +2,7 @@
 
 `api_keys.disable` and `api_keys.delete` refuse the key's next request (`Authenticator.forget`),
 but a request that authenticated before is already past that check: a streaming response, an
-attached generation or a `/v1/stream` replay could go on for minutes. So `GatewayHandler`
+attached generation or a `/v1/stream` replay could go on for minutes. So `GatewaySurface`
 registers each request here right after authenticating it, and `revoke(key_id)` closes every
 connection still open for that key (tornado then runs the handler's `on_finish`, which removes
 the entry; `docs/gateway.md`).
