@@ -67,7 +67,6 @@ _PDEATHSIG = (
 )
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_child_that_dies_with_us_is_the_command_itself_with_sigkill_as_its_parent_death_signal() -> None:
     output, code = _run([sys.executable, "-c", _PDEATHSIG])
     assert (output.decode().split(), code) == ([str(int(signal.SIGKILL)), "True"], 0)

@@ -3,8 +3,8 @@
 One file, `<data-dir>/vllm-use.db`, in WAL mode, a regular file (never a symlink) with mode 0600.
 
 Threading: every SQLite call runs on ONE dedicated thread owned by `Database`. The event loop
-awaits `Database.run(fn, ...)`, so it never blocks on disk, and peewee's per-thread connection
-is always the same one.
+awaits `Database.query(store_fn, ...)` (or `run(fn, ...)`), so it never blocks on disk, and
+peewee's per-thread connection is always the same one.
 
 Each table is declared once, by its peewee class below (`*Table`); tests/test_storage.py proves
 that the migrations build exactly what the classes declare. Each table's queries live in its
@@ -317,8 +317,7 @@ class Database:
 
     async def query(self, fn: Callable[Concatenate[Database, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a store function `fn(self, *args, **kwargs)` on the DB thread and await its result."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(self, *args, **kwargs))
+        return await self.run(lambda: fn(self, *args, **kwargs))
 
     def query_sync(self, fn: Callable[Concatenate[Database, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`query` for start-up and shutdown: waits, never on the IOLoop."""
