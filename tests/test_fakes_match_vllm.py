@@ -238,21 +238,6 @@ class DrainedExchange(Exchange):
                 self.eof = not chunk
                 self._arrived.notify_all()
 
-    def step_engine_until(self, engine: int, done: Callable[[bytes], bool], timeout: float = 120) -> None:
-        """Let a stopped (SIGSTOP) engine run in short steps, stopping it again after each, until
-        `done(raw)`: the engine runs only while we let it, so a loaded machine that is slow to
-        read (the tiny model writes 2000 tokens in about a second) makes the test slower, never lets
-        the generation reach its end unseen. The engine is stopped when this returns."""
-        deadline = time.monotonic() + timeout
-        with self._arrived:
-            while not done(self.raw):
-                assert not self.eof, f"the answer ended first: {self.raw[-600:]!r}"
-                assert time.monotonic() < deadline, f"not within {timeout} s: {self.raw[-600:]!r}"
-                os.kill(engine, signal.SIGCONT)
-                time.sleep(0.002)  # a step: the engine gets the CPU for a moment
-                os.kill(engine, signal.SIGSTOP)
-                self._arrived.wait(0.05)  # what the step produced reaches us (or the next step)
-
     def read_until(self, done: Callable[[bytes], bool], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         with self._arrived:
@@ -618,13 +603,12 @@ def _kill_the_real_engine(real: VllmServer, gateway: Server, secret: str) -> tup
     (engine,) = [pid for pid, name in group_members(real.pgid) if name == "VLLM::EngineCor"]
     body = {path: json.dumps(b).encode() for path, b in DEATH.items()}
     json_auth = {**AUTH, "Content-Type": "application/json"}
-    os.kill(engine, signal.SIGSTOP)  # from here the engine runs only in the steps we allow
+    chat = DrainedExchange(
+        real.base_url, "POST", "/v1/chat/completions", body["/v1/chat/completions"], json_auth
+    )
+    chat.read_until(lambda raw: raw.count(b"data: ") >= 3)  # the role chunk and two pieces
+    os.kill(engine, signal.SIGSTOP)  # no piece more from here: the others start before any piece
     try:
-        chat = DrainedExchange(
-            real.base_url, "POST", "/v1/chat/completions", body["/v1/chat/completions"], json_auth
-        )
-        chat.step_engine_until(engine, lambda raw: raw.count(b"data: ") >= 3)  # the role chunk, two pieces
-        # The engine stays stopped: no piece more, and the others start before any piece.
         others = {
             path: Exchange(real.base_url, "POST", path, body[path], json_auth)
             for path in ("/v1/completions", "/v1/responses", "/v1/messages")
