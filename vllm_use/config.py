@@ -14,7 +14,8 @@ import ipaddress
 import logging
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,13 +28,17 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 _ALIAS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$")
 
 
+Reader = Callable[["_Values", str], Any]  # (the options being read, this option's name) → its value
+
+
 @dataclass(frozen=True)
 class Option:
-    """One configuration option: its flag, env var, default and parser."""
+    """One configuration option: its flag, env var, default, and how its raw value is read."""
 
     name: str
     help: str
-    default: Any = None
+    default: Any
+    read: Reader
     secret: bool = False
     switch: bool = (
         False  # a flag without a value (`--allow-remote-code`); env: 1/true/yes/on or 0/false/no/off
@@ -48,73 +53,213 @@ class Option:
         return ENV_PREFIX + self.name.upper()
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option("host", "address to listen on (loopback by default)", "127.0.0.1"),
-    Option("port", "port to listen on", 8080),
-    Option("data_dir", "where the SQLite database and admin-token live", "~/.local/share/vllm-use"),
-    Option("models_dir", "managed models root", "<data-dir>/models"),
-    Option("hf_cache_dir", "optional Hugging Face cache dir for hf children", None),
-    Option("admin_token", "bootstrap admin token (else <data-dir>/admin-token is used)", None, secret=True),
-    Option("admin_token_file", "read the bootstrap admin token from this file (0600)", None),
-    Option("upstream", "vLLM origin for /v1 (loopback http(s) only)", "http://127.0.0.1:<runtime-port>"),
-    Option("upstream_api_key", "key injected as Bearer on upstream requests", None, secret=True),
-    Option("upstream_api_key_file", "read the upstream key from this file (0600)", None),
-    Option("model_aliases", "alias=upstream-model,... for /v1", ""),
-    Option("max_audit_records", "gateway audit records kept (0 = record nothing new)", 10000),
-    Option("trusted_origins", "comma-separated extra origins allowed on /mcp", ""),
-    Option("vllm_bin", "the vllm executable", "vllm"),
-    Option("hf_bin", "the hf executable", "hf"),
-    Option("max_parallel_downloads", "concurrent hf download children", 2),
-    Option(
-        "download_stall_timeout", "seconds without byte progress before a download is reported stalled", 600
-    ),
-    Option("runtime_port", "port the supervised vllm serve listens on", 8000),
-    Option(
-        "allow_remote_code",
-        "let runtime options set trust_remote_code (vLLM then runs Python code shipped with the model)",
-        False,
-        switch=True,
-    ),
-    Option(
-        "allow_any_model_path",
-        "let runtime.start serve a directory outside the models dir or a Hub id (vLLM fetches it)",
-        False,
-        switch=True,
-    ),
-    Option(
-        "max_connections",
-        "open client connections at most (default: what the fd limit allows, <= 1024)",
-        None,
-    ),
-    Option("body_timeout", "seconds a client may take to send a request body", 60),
-    Option("log_level", "debug, info, warning or error", "info"),
-)
+def option(
+    help: str, default: Any, read: Reader, *, secret: bool = False, switch: bool = False
+) -> dict[str, Any]:
+    """The metadata that makes a `Config` field an option (`field(metadata=option(...))`); the field's
+    name is the option's name."""
+    return {"option": {"help": help, "default": default, "read": read, "secret": secret, "switch": switch}}
+
+
+# --- readers: a raw value (a string from a flag or env, or the default) → the Config value ----------
+
+
+def _text(max_len: int = 4096) -> Reader:
+    def read(values: _Values, name: str) -> str:
+        value = str(values.raw(name))
+        if len(value) > max_len or has_control(value):
+            raise ConfigError(
+                values.label(name), f"must be at most {max_len} characters without control characters"
+            )
+        return value
+
+    return read
+
+
+def _integer(lo: int, hi: int) -> Reader:
+    def read(values: _Values, name: str) -> int:
+        value = values.raw(name)
+        if isinstance(value, str):
+            if not re.fullmatch(r"[0-9]{1,10}", value.strip()):
+                raise ConfigError(values.label(name), f"must be an integer from {lo} to {hi}, got {value!r}")
+            value = int(value.strip())
+        if not lo <= value <= hi:
+            raise ConfigError(values.label(name), f"must be an integer from {lo} to {hi}, got {value}")
+        return value
+
+    return read
+
+
+def _optional(read: Reader, unset: tuple[Any, ...] = (None, "")) -> Reader:
+    """`read`, or None when the option's raw value is one of `unset` (not given, or empty)."""
+    return lambda values, name: None if values.raw(name) in unset else read(values, name)
+
+
+def _switch(values: _Values, name: str) -> bool:
+    value = values.raw(name)
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(values.label(name), f"must be 1/true/yes/on or 0/false/no/off, got {value!r}")
+
+
+def _path(values: _Values, name: str) -> Path:
+    value = _text()(values, name)
+    if not value:
+        raise ConfigError(values.label(name), "must not be empty")
+    return Path(value).expanduser().absolute()
+
+
+def _models_dir(values: _Values, name: str) -> Path:
+    return values["data_dir"] / "models" if not values.given(name) else _path(values, name)
+
+
+def _host(values: _Values, name: str) -> str:
+    host = _text(max_len=255)(values, name)
+    _validate_host(host, values.label(name))
+    return host
+
+
+def _secret(file_option: str) -> Reader:
+    """A credential from its flag/env, or read once from its file option (never both)."""
+
+    def read(values: _Values, name: str) -> str | None:
+        value, file_value = values.raw(name), values.raw(file_option)
+        if value not in (None, "") and file_value not in (None, ""):
+            raise ConfigError(
+                values.label(file_option),
+                f"give either {values.label(name)} or {values.label(file_option)}, not both",
+            )
+        if file_value in (None, ""):
+            return _token(value, values.label(name))
+        from vllm_use import fsafety  # no import cycle at module load: fsafety imports errors only
+
+        secret = fsafety.read_secret_file(values[file_option], option=values.label(file_option))
+        return _token(secret, values.label(file_option))
+
+    return read
+
+
+def _upstream(values: _Values, name: str) -> str:
+    if not values.given(name):
+        return f"http://127.0.0.1:{values['runtime_port']}"
+    return validate_upstream(_text(max_len=2048)(values, name), values.label(name))
+
+
+def _log_level(values: _Values, name: str) -> str:
+    level = _text(max_len=16)(values, name).lower()
+    if level not in LOG_LEVELS:
+        raise ConfigError(values.label(name), f"must be one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def _aliases(values: _Values, name: str) -> dict[str, str]:
+    return parse_aliases(_text(max_len=65536)(values, name), values.label(name))
+
+
+def _origins(values: _Values, name: str) -> tuple[str, ...]:
+    return parse_origins(_text(max_len=65536)(values, name), values.label(name))
+
+
+def _command(values: _Values, name: str) -> str:
+    return _executable(_text()(values, name), values.label(name))
 
 
 @dataclass(frozen=True)
 class Config:
-    host: str
-    port: int
-    data_dir: Path
-    models_dir: Path
-    hf_cache_dir: Path | None
-    admin_token: str | None
-    upstream: str
-    upstream_explicit: bool
-    upstream_api_key: str | None
-    model_aliases: dict[str, str]
-    max_audit_records: int
-    trusted_origins: tuple[str, ...]
-    vllm_bin: str
-    hf_bin: str
-    max_parallel_downloads: int
-    download_stall_timeout: int
-    runtime_port: int
-    log_level: str
-    allow_remote_code: bool = False
-    allow_any_model_path: bool = False
-    max_connections: int | None = None  # None: derived from the fd limit at start (app.py)
-    body_timeout: int = 60
+    """The validated configuration. Each `option(...)` field is an option (flag `--<name>`, env
+    `VLLM_USE_<NAME>`), declared here once: its help, its raw default, how it is read. Adding an
+    option is adding a field (and its README line: tests/test_docs.py checks). Options are read
+    in this order, each on first use, so one may depend on another (`models_dir` on `data_dir`),
+    and the first bad one stops the start, named by the flag or env var it came from."""
+
+    host: str = field(metadata=option("address to listen on (loopback by default)", "127.0.0.1", _host))
+    port: int = field(metadata=option("port to listen on", 8080, _integer(1, 65535)))
+    data_dir: Path = field(
+        metadata=option("where the SQLite database and admin-token live", "~/.local/share/vllm-use", _path)
+    )
+    models_dir: Path = field(metadata=option("managed models root", "<data-dir>/models", _models_dir))
+    hf_cache_dir: Path | None = field(
+        metadata=option("optional Hugging Face cache dir for hf children", None, _optional(_path))
+    )
+    admin_token: str | None = field(
+        metadata=option(
+            "bootstrap admin token (else <data-dir>/admin-token is used)",
+            None,
+            _secret("admin_token_file"),
+            secret=True,
+        )
+    )
+    admin_token_file: Path | None = field(
+        metadata=option("read the bootstrap admin token from this file (0600)", None, _optional(_path))
+    )
+    upstream: str = field(
+        metadata=option(
+            "vLLM origin for /v1 (loopback http(s) only)", "http://127.0.0.1:<runtime-port>", _upstream
+        )
+    )
+    upstream_api_key: str | None = field(
+        metadata=option(
+            "key injected as Bearer on upstream requests", None, _secret("upstream_api_key_file"), secret=True
+        )
+    )
+    upstream_api_key_file: Path | None = field(
+        metadata=option("read the upstream key from this file (0600)", None, _optional(_path))
+    )
+    model_aliases: dict[str, str] = field(metadata=option("alias=upstream-model,... for /v1", "", _aliases))
+    max_audit_records: int = field(
+        metadata=option("gateway audit records kept (0 = record nothing new)", 10000, _integer(0, 10_000_000))
+    )
+    trusted_origins: tuple[str, ...] = field(
+        metadata=option("comma-separated extra origins allowed on /mcp", "", _origins)
+    )
+    vllm_bin: str = field(metadata=option("the vllm executable", "vllm", _command))
+    hf_bin: str = field(metadata=option("the hf executable", "hf", _command))
+    max_parallel_downloads: int = field(
+        metadata=option("concurrent hf download children", 2, _integer(1, 64))
+    )
+    download_stall_timeout: int = field(
+        metadata=option(
+            "seconds without byte progress before a download is reported stalled", 600, _integer(1, 86400)
+        )
+    )
+    runtime_port: int = field(
+        metadata=option("port the supervised vllm serve listens on", 8000, _integer(1, 65535))
+    )
+    allow_remote_code: bool = field(
+        metadata=option(
+            "let runtime options set trust_remote_code (vLLM then runs Python code shipped with the model)",
+            False,
+            _switch,
+            switch=True,
+        )
+    )
+    allow_any_model_path: bool = field(
+        metadata=option(
+            "let runtime.start serve a directory outside the models dir or a Hub id (vLLM fetches it)",
+            False,
+            _switch,
+            switch=True,
+        )
+    )
+    # None: derived from the fd limit at start (app.py)
+    max_connections: int | None = field(
+        metadata=option(
+            "open client connections at most (default: what the fd limit allows, <= 1024)",
+            None,
+            _optional(_integer(1, 1_000_000), unset=(None,)),
+        )
+    )
+    body_timeout: int = field(
+        metadata=option("seconds a client may take to send a request body", 60, _integer(1, 3600))
+    )
+    log_level: str = field(metadata=option("debug, info, warning or error", "info", _log_level))
+    # Derived, not options:
+    upstream_explicit: bool = False  # --upstream was given (else: the runtime's own port)
     secrets_on_command_line: tuple[str, ...] = ()  # flags whose secret was given in argv (warned at start)
 
     def __repr__(self) -> str:  # never print credentials, even by accident
@@ -131,6 +276,12 @@ class Config:
 
     def secrets(self) -> tuple[str, ...]:
         return tuple(s for s in (self.admin_token, self.upstream_api_key) if s)
+
+
+OPTIONS: tuple[Option, ...] = tuple(
+    Option(f.name, **f.metadata["option"]) for f in fields(Config) if "option" in f.metadata
+)
+OPTIONS_BY_NAME = {opt.name: opt for opt in OPTIONS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -233,113 +384,46 @@ def child_env(extra: dict[str, str] | None = None, environ: dict[str, str] | Non
     return env
 
 
+class _Values:
+    """The options being read: each one's raw value (flag > env > default), the flag or env var it
+    came from, and its value once read. `values[name]` reads an option on first use."""
+
+    def __init__(self, args: argparse.Namespace, environ: dict[str, str]) -> None:
+        self._raw: dict[str, tuple[str, Any]] = {}
+        for opt in OPTIONS:
+            value, source = getattr(args, opt.name, None), opt.flag
+            if value is None and opt.env in environ:
+                value, source = environ[opt.env], opt.env
+            self._raw[opt.name] = (source, opt.default if value is None else value)
+        self._read: dict[str, Any] = {}
+
+    def raw(self, name: str) -> Any:
+        return self._raw[name][1]
+
+    def label(self, name: str) -> str:
+        return self._raw[name][0]
+
+    def given(self, name: str) -> bool:
+        return self.raw(name) != OPTIONS_BY_NAME[name].default
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._read:
+            self._read[name] = OPTIONS_BY_NAME[name].read(self, name)
+        return self._read[name]
+
+
 def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Config:
     """Merge flags, env and defaults and validate every value; raise ConfigError naming the option."""
-    environ = dict(os.environ if environ is None else environ)
-    raw: dict[str, tuple[str, Any]] = {}
-    for opt in OPTIONS:
-        value = getattr(args, opt.name, None)
-        source = opt.flag
-        if value is None and opt.env in environ:
-            value, source = environ[opt.env], opt.env
-        if value is None:
-            value = opt.default
-        raw[opt.name] = (source, value)
-
-    def opt_label(name: str) -> str:
-        return raw[name][0]
-
-    def text(name: str, *, max_len: int = 4096) -> str:
-        value = str(raw[name][1])
-        if len(value) > max_len or has_control(value):
-            raise ConfigError(
-                opt_label(name), f"must be at most {max_len} characters without control characters"
-            )
-        return value
-
-    def integer(name: str, lo: int, hi: int) -> int:
-        value = raw[name][1]
-        if isinstance(value, str):
-            if not re.fullmatch(r"[0-9]{1,10}", value.strip()):
-                raise ConfigError(opt_label(name), f"must be an integer from {lo} to {hi}, got {value!r}")
-            value = int(value.strip())
-        if not lo <= value <= hi:
-            raise ConfigError(opt_label(name), f"must be an integer from {lo} to {hi}, got {value}")
-        return value
-
-    def switch(name: str) -> bool:
-        value = raw[name][1]
-        if isinstance(value, bool):
-            return value
-        word = str(value).strip().lower()
-        if word in ("1", "true", "yes", "on"):
-            return True
-        if word in ("", "0", "false", "no", "off"):
-            return False
-        raise ConfigError(opt_label(name), f"must be 1/true/yes/on or 0/false/no/off, got {value!r}")
-
-    def path(name: str, value: str) -> Path:
-        if not value:
-            raise ConfigError(opt_label(name), "must not be empty")
-        return Path(value).expanduser().absolute()
-
-    host = text("host", max_len=255)
-    _validate_host(host, opt_label("host"))
-    port = integer("port", 1, 65535)
-    data_dir = path("data_dir", text("data_dir"))
-    models_raw = raw["models_dir"][1]
-    models_dir = data_dir / "models" if models_raw == OPTIONS_BY_NAME["models_dir"].default else None
-    if models_dir is None:
-        models_dir = path("models_dir", text("models_dir"))
-    hf_cache_dir = path("hf_cache_dir", text("hf_cache_dir")) if raw["hf_cache_dir"][1] else None
-    admin_token = _secret(raw, "admin_token", "admin_token_file", opt_label)
-    upstream_key = _secret(raw, "upstream_api_key", "upstream_api_key_file", opt_label)
-    on_command_line = tuple(
-        OPTIONS_BY_NAME[name].flag
-        for name in ("admin_token", "upstream_api_key")
-        if raw[name][0] == OPTIONS_BY_NAME[name].flag and raw[name][1]
-    )
-    max_connections = (
-        integer("max_connections", 1, 1_000_000) if raw["max_connections"][1] is not None else None
-    )
-    runtime_port = integer("runtime_port", 1, 65535)
-    upstream_raw = raw["upstream"][1]
-    upstream_explicit = upstream_raw != OPTIONS_BY_NAME["upstream"].default
-    if not upstream_explicit:
-        upstream = f"http://127.0.0.1:{runtime_port}"
-    else:
-        upstream = validate_upstream(text("upstream", max_len=2048), opt_label("upstream"))
-    log_level = text("log_level", max_len=16).lower()
-    if log_level not in LOG_LEVELS:
-        raise ConfigError(opt_label("log_level"), f"must be one of {', '.join(LOG_LEVELS)}")
+    values = _Values(args, dict(os.environ if environ is None else environ))
     return Config(
-        host=host,
-        port=port,
-        data_dir=data_dir,
-        models_dir=models_dir,
-        hf_cache_dir=hf_cache_dir,
-        admin_token=admin_token,
-        upstream=upstream,
-        upstream_explicit=upstream_explicit,
-        upstream_api_key=upstream_key,
-        model_aliases=parse_aliases(text("model_aliases", max_len=65536), opt_label("model_aliases")),
-        max_audit_records=integer("max_audit_records", 0, 10_000_000),
-        trusted_origins=parse_origins(text("trusted_origins", max_len=65536), opt_label("trusted_origins")),
-        vllm_bin=_executable(text("vllm_bin"), opt_label("vllm_bin")),
-        hf_bin=_executable(text("hf_bin"), opt_label("hf_bin")),
-        max_parallel_downloads=integer("max_parallel_downloads", 1, 64),
-        download_stall_timeout=integer("download_stall_timeout", 1, 86400),
-        runtime_port=runtime_port,
-        log_level=log_level,
-        allow_remote_code=switch("allow_remote_code"),
-        allow_any_model_path=switch("allow_any_model_path"),
-        max_connections=max_connections,
-        body_timeout=integer("body_timeout", 1, 3600),
-        secrets_on_command_line=on_command_line,
+        **{opt.name: values[opt.name] for opt in OPTIONS},
+        upstream_explicit=values.given("upstream"),
+        secrets_on_command_line=tuple(
+            OPTIONS_BY_NAME[name].flag
+            for name in ("admin_token", "upstream_api_key")
+            if values.label(name) == OPTIONS_BY_NAME[name].flag and values.raw(name)
+        ),
     )
-
-
-OPTIONS_BY_NAME = {opt.name: opt for opt in OPTIONS}
 
 
 def _validate_host(host: str, label: str) -> None:
@@ -362,19 +446,6 @@ def _token(value: Any, label: str) -> str | None:
     if not 16 <= len(value) <= 512 or not re.fullmatch(r"[\x21-\x7e]+", value) or "," in value:
         raise ConfigError(label, "must be 16 to 512 visible ASCII characters without spaces or commas")
     return value
-
-
-def _secret(raw: dict[str, tuple[str, Any]], name: str, file_name: str, label: Any) -> str | None:
-    """A credential from its flag/env, or read once from its file option (never both)."""
-    value, file_value = raw[name][1], raw[file_name][1]
-    if value not in (None, "") and file_value not in (None, ""):
-        raise ConfigError(label(file_name), f"give either {label(name)} or {label(file_name)}, not both")
-    if file_value in (None, ""):
-        return _token(value, label(name))
-    from vllm_use import fsafety  # no import cycle at module load: fsafety imports errors only
-
-    path = Path(str(file_value)).expanduser().absolute()
-    return _token(fsafety.read_secret_file(path, option=label(file_name)), label(file_name))
 
 
 def _executable(value: str, label: str) -> str:
