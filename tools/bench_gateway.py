@@ -53,6 +53,36 @@ TIME_WAIT_TARGET = 100
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 
 
+# `--curl`: a second gateway whose relay uses tornado's libcurl client (`pip install pycurl`) in place
+# of vllm_use.gateway.upstream.PooledClient, to weigh the library against our own pool. The client is
+# made at the first request: tornado's clients bind to the IOLoop current when they are made, and the
+# app's context is built before `asyncio.run` (made there, the client waits on a loop that never runs).
+# libcurl has no way to abort one transfer from outside, so `cancel` does nothing here.
+CURL_CLIENT = """
+import handlers.gateway, vllm_use.app
+from tornado.curl_httpclient import CurlAsyncHTTPClient
+
+class CurlClient:
+    def __init__(self, **_):
+        self._client = None
+
+    def fetch(self, request, **kwargs):
+        if self._client is None:
+            self._client = CurlAsyncHTTPClient(force_instance=True, max_clients=64)
+        return self._client.fetch(request, **kwargs)
+
+    def close(self):
+        if self._client is not None:
+            self._client.close()
+
+    @staticmethod
+    def cancel(request):
+        pass
+
+vllm_use.app.PooledClient = handlers.gateway.PooledClient = CurlClient
+"""
+
+
 PROFILER = """
 import atexit, cProfile
 _profile = cProfile.Profile()
@@ -188,6 +218,7 @@ class Target:
     model: str
     tokens: tuple[str, ...] = ()  # connection i sends tokens[i % len]: a key has at most 8 live streams
     conversation: bool = False
+    pid: int = 0  # the gateway's process (0: the upstream, called directly)
     seq: list[int] = field(default_factory=lambda: [0])
 
     def request(self, stream: bool, slot: int = 0) -> bytes:
@@ -327,12 +358,16 @@ async def run(
     upstream_port: int,
     gw_port: int,
     secrets: tuple[str, ...],
+    curl: tuple[int, int, tuple[str, ...]] | None = None,
 ) -> None:
     targets = [
         Target("upstream direct", upstream_port, "tiny"),
-        Target("gateway", gw_port, "fast", secrets),
-        Target("gateway + conv-id", gw_port, "fast", secrets, conversation=True),
+        Target("gateway", gw_port, "fast", secrets, pid=server_pid),
+        Target("gateway + conv-id", gw_port, "fast", secrets, conversation=True, pid=server_pid),
     ]
+    if curl is not None:
+        curl_pid, curl_port, curl_secrets = curl
+        targets.append(Target("gateway, libcurl", curl_port, "fast", curl_secrets, pid=curl_pid))
     rows: dict[tuple[str, bool, int], dict[str, float]] = {}
     gw_requests = gw_opened = 0
     print(
@@ -345,14 +380,15 @@ async def run(
                 warmup = max(concurrency, 50)
                 opened0 = accepted(upstream_port)
                 await load(target, stream, concurrency, warmup)  # not counted
-                gw_requests += (warmup + requests) * (target.port != upstream_port)
-                gw0, up0 = cpu_ms(server_pid), cpu_ms(upstream_pid)
+                gw_requests += (warmup + requests) * (target.port == gw_port)
+                gw_pid = target.pid or server_pid
+                gw0, up0 = cpu_ms(gw_pid), cpu_ms(upstream_pid)
                 samples, wall = await load(target, stream, concurrency, requests)
-                gw_cpu = (cpu_ms(server_pid) - gw0) / requests
+                gw_cpu = (cpu_ms(gw_pid) - gw0) / requests
                 up_cpu = (cpu_ms(upstream_pid) - up0) / requests
                 tw = time_wait(upstream_port)
                 opened = accepted(upstream_port) - opened0 - 1  # less the counter's own request
-                gw_opened += opened * (target.port != upstream_port)
+                gw_opened += opened * (target.port == gw_port)
                 want = CHUNKS + 1 if stream else 0
                 if any(s.chunks != want for s in samples):
                     raise SystemExit(f"{target.name}: expected {want} chunks per response")
@@ -409,6 +445,11 @@ async def run(
         for name in ("gateway", "gateway + conv-id"):
             value = rows[(name, stream, 32)]["gw_cpu"]
             print(f"   {label:<34} {name:<18} {value:6.2f} ms  {mark(value, target_ms)}")
+    if curl is not None:  # the library is preferred unless it costs more than 10 % CPU per stream
+        for stream in (True, False):
+            ratio = rows[("gateway, libcurl", stream, 32)]["gw_cpu"] / rows[("gateway", stream, 32)]["gw_cpu"]
+            label = f"libcurl / own pool, CPU, c=32, {'stream' if stream else 'small'}"
+            print(f"   {label:<53} {ratio:6.2f}×  {'OK' if ratio <= 1.1 else 'MISS'} (≤ 1.1)")
     for stream in (False, True):
         for name in ("gateway", "gateway + conv-id"):
             added = rows[(name, stream, 1)]["ttfb50"] - rows[("upstream direct", stream, 1)]["ttfb50"]
@@ -445,6 +486,11 @@ def main() -> None:
         metavar="FILE",
         help="run the gateway under cProfile; write the stats to FILE, print the top",
     )
+    parser.add_argument(
+        "--curl",
+        action="store_true",
+        help="also run a gateway whose relay uses tornado's libcurl client (needs pycurl), side by side",
+    )
     opts = parser.parse_args()
     if opts.serve_upstream:
         serve_upstream(opts.serve_upstream)
@@ -468,15 +514,37 @@ def main() -> None:
                 "fast=tiny",
                 env=env,
             )
+            curl_server = None
             try:
                 # 8 keys over the 32 connections: 4 live resumable streams per key, within its 8.
                 secrets = tuple(server.create_key("inference", name=f"bench-{i}")[1] for i in range(KEYS))
                 gw_port = int(server.base_url.rsplit(":", 1)[1])
                 print(f"gateway {server.base_url} (pid {server.proc.pid}), upstream port {upstream_port}")
+                curl = None
+                if opts.curl:
+                    curl_site = Path(tmp, "curl-site")
+                    curl_site.mkdir()
+                    (curl_site / "sitecustomize.py").write_text(CURL_CLIENT)
+                    curl_server = start_server(
+                        Path(tmp) / "curl-data",
+                        "--upstream",
+                        f"http://127.0.0.1:{upstream_port}",
+                        "--model-aliases",
+                        "fast=tiny",
+                        env={"PYTHONPATH": os.pathsep.join([str(curl_site), str(REPO)])},
+                    )
+                    curl_secrets = tuple(
+                        curl_server.create_key("inference", name=f"bench-{i}")[1] for i in range(KEYS)
+                    )
+                    curl_port = int(curl_server.base_url.rsplit(":", 1)[1])
+                    curl = (curl_server.proc.pid, curl_port, curl_secrets)
+                    print(f"gateway with libcurl {curl_server.base_url} (pid {curl_server.proc.pid})")
                 print()
-                asyncio.run(run(opts, server.proc.pid, upstream.pid, upstream_port, gw_port, secrets))
+                asyncio.run(run(opts, server.proc.pid, upstream.pid, upstream_port, gw_port, secrets, curl))
             finally:
                 server.stop()
+                if curl_server is not None:
+                    curl_server.stop()
     finally:
         upstream.terminate()
         upstream.wait(10)
