@@ -75,7 +75,14 @@ from tornado.httputil import split_host_and_port
 
 from handlers.base import JsonHandler
 from vllm_use import __version__
-from vllm_use.errors import MethodNotAllowed, NotFound, PayloadTooLarge, PermissionDenied, VllmUseError
+from vllm_use.errors import (
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    RpcError,
+    VllmUseError,
+)
 from vllm_use.scopes import Surface
 
 log = logging.getLogger(__name__)
@@ -105,16 +112,6 @@ _SENTINEL = re.compile(r"=\?base64\?(?P<payload>.*)\?=", re.DOTALL)
 _HEADER_TEXT = re.compile(r"[\x20-\x7e]*")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _INTERNAL = "internal error (see the server log)"
-
-
-class RpcError(Exception):
-    """A JSON-RPC error answer; its HTTP status comes from `ERROR_STATUS`."""
-
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.data = data
 
 
 def origin_key(value: str) -> str | None:

@@ -18,8 +18,16 @@
     ├── ExternalError                 external_error         500    isError result
     └── ConfigError                   (start-up only: names the option, exits 2)
 
+    Outside the tree, each handled by one adapter, never shown to a client as they are:
+    UpstreamError                     the gateway's talk with the upstream failed (connect, reset,
+    └── UpstreamProtocolError         close, abort; broken HTTP framing): handlers/gateway.py logs it
+                                      and answers 502 when nothing was relayed yet, else cuts the stream
+    RpcError                          a JSON-RPC error answer of /mcp (handlers/mcp.py), with its code
+
 Anything else that escapes an ability is an internal error: the client sees
 "internal error", the log gets the traceback. No tornado import here on purpose.
+A module may keep a private signal for its own control flow (`_Malformed` in
+vllm_use/gateway/aliases.py: "pass this body through unchanged"); it never leaves the module.
 """
 
 from __future__ import annotations
@@ -153,3 +161,26 @@ class TooManyStreams(TooManyRequests):
     """The key already has `MAX_LIVE_PER_KEY` live resumable sessions (429): stop one, or wait for one to end."""
 
     code = "too_many_streams"
+
+
+# --- outside the tree: adapter-level failures -----------------------------------------------------
+
+
+class UpstreamError(Exception):
+    """Talking to the upstream failed: it could not be reached, reset or closed the connection, or
+    the exchange was aborted (vllm_use/gateway/upstream.py). The message is for the log only: it
+    may name the upstream's address."""
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The upstream broke HTTP/1.1 framing; the connection is dropped (never reused)."""
+
+
+class RpcError(Exception):
+    """A JSON-RPC error answer of /mcp; its HTTP status comes from handlers/mcp.py `ERROR_STATUS`."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
