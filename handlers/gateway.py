@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 import tornado.web
-from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 
 from handlers.base import JsonHandler
@@ -31,15 +30,16 @@ from vllm_use.errors import (
     StreamArgumentError,
     TooManyRequests,
     Unauthenticated,
+    UpstreamError,
     UpstreamUnavailable,
     VllmUseError,
 )
 from vllm_use.gateway import streams
 from vllm_use.gateway.aliases import prepare_body_async
 from vllm_use.gateway.audit import new_audit_id, request_id_or
-from vllm_use.gateway.headers import RESPONSE_DROP, forward_headers, parse_header_lines
+from vllm_use.gateway.headers import RESPONSE_DROP, forward_headers
 from vllm_use.gateway.streams import StreamSession
-from vllm_use.gateway.upstream import PooledClient
+from vllm_use.gateway.upstream import Exchange
 from vllm_use.keys.authenticator import parse_bearer
 from vllm_use.scopes import Identity, Surface
 
@@ -65,10 +65,6 @@ _ANTHROPIC_TYPES = {
     500: "api_error",
     400: "invalid_request_error",
 }
-
-
-class _ClientGone(Exception):
-    """Raised in the streaming callback to stop reading from the upstream."""
 
 
 def _upstream_lost_event(anthropic: bool) -> bytes:
@@ -206,8 +202,7 @@ class RelayHandler(GatewaySurface):
 
     def initialize(self, **kwargs: Any) -> None:  # type: ignore[override]
         super().initialize(**kwargs)
-        self._upstream: HTTPRequest | None = None
-        self._header_lines: list[str] = []
+        self._upstream: Exchange | None = None
         self._headers_sent = False
         self.session: StreamSession | None = None
 
@@ -267,32 +262,24 @@ class RelayHandler(GatewaySurface):
         except UpstreamUnavailable as exc:
             self.fail(exc)  # nothing was sent upstream
             return
-        url = origin + self.request.uri
-        buffered: list[bytes] | None = [] if rewrite else None
-        request = HTTPRequest(
-            url,
-            method=method,
-            body=body,
-            headers=forward_headers(list(self.request.headers.get_all()), upstream_key, self.request_id),
-            follow_redirects=False,
-            decompress_response=False,
-            connect_timeout=10,
-            header_callback=self._header_line,
-            streaming_callback=(lambda chunk: buffered.append(chunk))
-            if buffered is not None
-            else self._chunk,
-            allow_nonstandard_methods=True,
-        )
-        self._upstream = request
+        headers = forward_headers(list(self.request.headers.get_all()), upstream_key, self.request_id)
+        upstream = self.app.upstream_pool.stream(method, origin + self.request.uri, headers.items(), body)
+        self._upstream = upstream
         if self.session is not None:
-            self.session.set_canceller(lambda: PooledClient.cancel(request))
+            self.session.set_canceller(upstream.abort)
         try:
-            await self.app.gateway_client.fetch(request, raise_error=False)
-        except _ClientGone:
-            return
-        except (OSError, StreamClosedError, HTTPClientError) as exc:
-            # An HTTPClientError here is a 599 (connection closed, timeout): with raise_error=False
-            # an upstream HTTP status arrives as a response, never as an exception.
+            async with upstream:
+                if rewrite is not None:
+                    payload = rewrite(await upstream.read_all())
+                    if self._client_gone:
+                        return
+                    self._send_headers(upstream)
+                    self.write(payload)
+                else:
+                    async for chunk in upstream:
+                        if not await self._relay_chunk(upstream, chunk):
+                            return  # the client left: leaving the block closes the upstream connection
+        except UpstreamError as exc:
             stopped = self.session is not None and self.session.is_cancelled
             if self._client_gone and (self.session is None or stopped or not self._headers_sent):
                 return  # we cut it ourselves (the client left, or the owner stopped it), or nothing came
@@ -303,7 +290,7 @@ class RelayHandler(GatewaySurface):
                 return
             if not self._headers_sent:
                 # The client learns that much; where the upstream is and why it failed is ours.
-                log.warning("upstream %s is not answering: %r", origin, exc)
+                log.warning("upstream %s is not answering: %s", origin, exc)
                 self.fail(UpstreamUnavailable("upstream unavailable"))
                 return
             # Part of the body is out: cut the client's connection too, so it sees an incomplete
@@ -329,26 +316,17 @@ class RelayHandler(GatewaySurface):
         if self._client_gone:
             return
         if not self._headers_sent:
-            self._send_headers()
-        if buffered is not None:
-            self.write(rewrite(b"".join(buffered)))
+            self._send_headers(upstream)
         self.finish()
 
     def _event_stream(self) -> bool:
         """Whether the response relayed so far is an SSE stream (the upstream's Content-Type)."""
         return self._headers.get("Content-Type", "").startswith("text/event-stream")
 
-    def _header_line(self, line: str) -> None:
-        if line.startswith("HTTP/"):
-            self._header_lines = [line]
-        else:
-            self._header_lines.append(line)
-
-    def _send_headers(self) -> None:
-        code, reason, headers = parse_header_lines(self._header_lines)
-        self.set_status(code, reason or None)
+    def _send_headers(self, upstream: Exchange) -> None:
+        self.set_status(upstream.status, upstream.reason or None)
         self.clear_header("Content-Type")  # the upstream's, not our JSON default
-        for name, value in headers:
+        for name, value in upstream.headers:
             if name.lower() not in RESPONSE_DROP and name.lower() != "x-request-id":
                 self.add_header(name, value)
         self.set_header("Cache-Control", "no-store")
@@ -356,32 +334,32 @@ class RelayHandler(GatewaySurface):
         self.set_header("X-Accel-Buffering", "no")
         self._headers_sent = True
 
-    def _chunk(self, chunk: bytes) -> Any:
+    async def _relay_chunk(self, upstream: Exchange, chunk: bytes) -> bool:
+        """Write one piece of the body to the client and wait for the flush (backpressure: the next
+        upstream read waits for it). False: the client is gone and nothing else wants the rest."""
         if self.session is not None:
             self.session.append(chunk)  # attached: generation goes on without the client
             if self._client_gone:
-                return None
-        if self._client_gone:
-            raise _ClientGone()
+                return True
+        elif self._client_gone:
+            return False
         if not self._headers_sent:
-            self._send_headers()
+            self._send_headers(upstream)
         self.write(chunk)
-        flushed = self.flush()  # the next upstream read waits for this: no unbounded buffering
-        return flushed if self.session is None else self._flush_attached(flushed)
-
-    async def _flush_attached(self, flushed: Any) -> None:
-        """An attached generation outlives its client: a flush that fails because the client left
-        while it was pending must not stop the upstream read (on_connection_close marks the client
-        gone, and the next chunks go to the session only)."""
         try:
-            await flushed
+            await self.flush()
         except StreamClosedError:
-            pass
+            # The client left while the flush was pending; on_connection_close may not have run yet,
+            # so it is marked gone here (audited as 499). An attached generation outlives its
+            # client: the next pieces go to the session only.
+            self._client_gone = True
+            return self.session is not None
+        return True
 
     def on_connection_close(self) -> None:
         super().on_connection_close()  # marks the client gone unless we closed it ourselves
         if self._client_gone and self._upstream is not None and self.session is None:
-            PooledClient.cancel(self._upstream)  # no one waits for the answer: free vLLM's slot
+            self._upstream.abort()  # no one waits for the answer: free vLLM's slot
 
 
 @tornado.web.stream_request_body

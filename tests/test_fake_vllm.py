@@ -10,7 +10,6 @@ session and its group is killed at teardown.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import signal
@@ -27,10 +26,10 @@ import pytest
 
 from tests.fakes import FAKE_VLLM
 from tests.support.server import eventually, free_port
-from vllm_use.gateway.upstream import PooledClient
+from vllm_use.gateway.upstream import IDLE_TIMEOUT_S
 
 FAKE = str(FAKE_VLLM)
-POOL_IDLE_S = inspect.signature(PooledClient.initialize).parameters["idle_timeout"].default
+POOL_IDLE_S = IDLE_TIMEOUT_S
 
 
 @dataclass

@@ -15,7 +15,6 @@ never compared. Killing the real engine ends the real server, so that test comes
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import select
@@ -37,12 +36,12 @@ from tests.fakes import FAKE_VLLM
 from tests.fakes.upstream import FakeUpstream
 from tests.support.real_vllm import RealVllm, VllmServer, group_members, serve_vllm
 from tests.support.server import Server, eventually, free_port, start_server
-from vllm_use.gateway.upstream import PooledClient
+from vllm_use.gateway.upstream import IDLE_TIMEOUT_S
 
 KEY = "fakes-match-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_MODEL_LEN = 2048
-POOL_IDLE_S = inspect.signature(PooledClient.initialize).parameters["idle_timeout"].default
+POOL_IDLE_S = IDLE_TIMEOUT_S
 VALUES = {"object", "type", "role", "owned_by"}  # named kinds, not generated text: compared as values
 # Greedy: the real model's output is then the same every run (its first tokens are no end of text).
 CHAT = {

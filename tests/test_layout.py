@@ -12,6 +12,9 @@
   "Storage").
 - No child runs Python code between `fork` and `exec`: no `preexec_fn` in `vllm_use` (docs/architecture.md,
   "Children").
+- No module reads another library's private state: `x._name` only on `self`, `cls`, `super()`, or
+  for a name the module defines itself (tornado's `IOStream._read_buffer_size` once decided whether
+  an upstream connection was reused).
 """
 
 from __future__ import annotations
@@ -169,6 +172,50 @@ def test_no_child_runs_python_between_fork_and_exec() -> None:
         if isinstance(node, ast.keyword) and node.arg == "preexec_fn"
     ]
     assert calls == []
+
+
+def _private_reads(tree: ast.Module) -> list[ast.Attribute]:
+    """`x._name` (not dunder) where x is not self, cls or super(), and no class or function of the
+    module defines `_name`."""
+    own = {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    own |= {
+        target.attr
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute)
+    }
+    reads = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        base = node.value
+        if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+            continue
+        if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
+            continue
+        if node.attr not in own:
+            reads.append(node)
+    return reads
+
+
+def test_the_private_read_finder_finds_one() -> None:
+    tree = ast.parse("def f(stream):\n    return stream._read_buffer_size == 0\n")
+    assert [node.attr for node in _private_reads(tree)] == ["_read_buffer_size"]
+    assert _private_reads(ast.parse("class A:\n    def _b(self):\n        return other._b\n")) == []
+
+
+def test_no_module_reads_another_librarys_private_state() -> None:
+    reads = [
+        f"{name}:{node.lineno}: {ast.unparse(node)}"
+        for name, path in _sources().items()
+        for node in _private_reads(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert reads == []
 
 
 TABLE_HOMES = {

@@ -18,7 +18,7 @@ from vllm_use.abilities import build_registry
 
 READ = ("admin.read", "mcp.read")
 # docs/api_methods.md: method → (admin HTTP scope, MCP scope); "any" = any valid credential of that surface.
-S3_0: dict[str, tuple[str, str]] = {
+EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
     "test": ("any", "any"),
     "system.get": READ,
     "dashboard.get": READ,
@@ -66,7 +66,7 @@ def expected_api(method: str, who: str) -> int | str:
         return "allowed"
     if not who.startswith("admin."):
         return 401
-    needed = S3_0[method][0]
+    needed = EXPECTED_SCOPES[method][0]
     return "allowed" if needed in ("any", who) else 403
 
 
@@ -74,7 +74,7 @@ def expected_mcp(method: str, who: str) -> int | str:
     """401 (not a credential on /mcp), "hidden" (unknown tool) or "allowed"."""
     if not who.startswith("mcp."):
         return 401
-    needed = S3_0[method][1]
+    needed = EXPECTED_SCOPES[method][1]
     return "allowed" if who == "mcp.admin" or needed in ("any", who) else "hidden"
 
 
@@ -88,10 +88,10 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, d
     server.stop()
 
 
-def test_every_registered_method_has_an_s3_0_row_and_a_route() -> None:
+def test_every_registered_method_has_an_expected_scope_row_and_a_route() -> None:
     routed = {r.method for r in ROUTES}
     for name in METHODS:
-        assert name in S3_0, f"{name} is registered but has no S3.0 row in this test"
+        assert name in EXPECTED_SCOPES, f"{name} is registered but has no row in EXPECTED_SCOPES"
         assert name in routed, f"{name} has no /api route"
 
 

@@ -1,6 +1,6 @@
 """The gateway's upstream client (vllm_use/gateway/upstream.py): keep-alive reuse, and when it must not reuse.
 
-`PooledClient` runs here on its own, inside `asyncio.run`, against `tests/fakes/upstream.py` (a fake
+`UpstreamPool` runs here on its own, inside `asyncio.run`, against `tests/fakes/upstream.py` (a fake
 vLLM on Tornado) and against small raw-socket servers that misbehave on purpose (resets, clean
 hang-ups after a request, byte-by-byte chunked bodies, HTTP/1.0). Through the gateway, the same
 rules are checked in tests/test_gateway.py (keep-alive reuse, a cancelled connection never reused).
@@ -9,21 +9,20 @@ rules are checked in tests/test_gateway.py (keep-alive reuse, a cancelled connec
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import json
 import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from tornado.httpclient import HTTPRequest, HTTPResponse
-from tornado.iostream import StreamClosedError
 
 from tests.fakes.upstream import FakeUpstream, running
-from vllm_use.gateway.upstream import PooledClient, UpstreamProtocolError, _Dechunker
+from vllm_use.errors import UpstreamError, UpstreamProtocolError
+from vllm_use.gateway.upstream import IDLE_TIMEOUT_S, UpstreamPool, _Dechunker
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Say hello"}]}
 
@@ -40,9 +39,9 @@ def fresh_upstream(upstream: FakeUpstream) -> Iterator[None]:
     upstream.reset()
 
 
-def run_with_client(body: Callable[[PooledClient], Awaitable[Any]], **options: Any) -> Any:
+def run_with_client(body: Callable[[UpstreamPool], Awaitable[Any]], **options: Any) -> Any:
     async def main() -> Any:
-        client = PooledClient(force_instance=True, **options)
+        client = UpstreamPool(**options)
         try:
             return await body(client)
         finally:
@@ -51,14 +50,41 @@ def run_with_client(body: Callable[[PooledClient], Awaitable[Any]], **options: A
     return asyncio.run(main())
 
 
-def chat(url: str, stream: bool = False, on_chunk: Callable[[bytes], Any] | None = None) -> HTTPRequest:
-    return HTTPRequest(
-        url + "/v1/chat/completions",
-        method="POST",
-        body=json.dumps({**CHAT, "stream": stream}),
-        headers={"Content-Type": "application/json"},
-        streaming_callback=on_chunk,
-    )
+@dataclass
+class Answer:
+    code: int
+    reason: str
+    headers: dict[str, str]
+    body: bytes  # empty when the pieces went to `on_chunk`
+
+
+async def fetch(
+    client: UpstreamPool,
+    url: str,
+    method: str = "GET",
+    body: bytes | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
+    on_chunk: Callable[[bytes], Any] | None = None,
+) -> Answer:
+    """One exchange through the pool's API: the pieces of the body to `on_chunk` (awaited when it
+    returns an awaitable, as the gateway awaits its flush), or gathered into `body`."""
+    async with client.stream(method, url, headers, body) as exchange:
+        pieces: list[bytes] = []
+        async for piece in exchange:
+            if on_chunk is None:
+                pieces.append(piece)
+            elif (pending := on_chunk(piece)) is not None:
+                await pending
+        return Answer(exchange.status, exchange.reason, dict(exchange.headers), b"".join(pieces))
+
+
+def chat(url: str, stream: bool = False) -> dict[str, Any]:
+    return {
+        "url": url + "/v1/chat/completions",
+        "method": "POST",
+        "body": json.dumps({**CHAT, "stream": stream}).encode(),
+        "headers": (("Content-Type", "application/json"),),
+    }
 
 
 def sse_text(raw: bytes) -> str:
@@ -75,11 +101,13 @@ def sse_text(raw: bytes) -> str:
 
 
 def test_sequential_requests_share_one_connection(upstream: FakeUpstream) -> None:
-    async def body(client: PooledClient) -> list[bytes]:
+    async def body(client: UpstreamPool) -> list[bytes]:
         bodies = []
         for i in range(20):
             chunks: list[bytes] = []
-            response = await client.fetch(chat(upstream.url, i % 2 == 1, chunks.append if i % 2 else None))
+            response = await fetch(
+                client, **chat(upstream.url, i % 2 == 1), on_chunk=chunks.append if i % 2 else None
+            )
             assert response.code == 200
             bodies.append(b"".join(chunks) if i % 2 else response.body)
         assert client.opened == 1 and client.idle_count() == 1
@@ -93,10 +121,10 @@ def test_sequential_requests_share_one_connection(upstream: FakeUpstream) -> Non
 
 
 def test_concurrent_requests_open_one_connection_each_then_reuse_them(upstream: FakeUpstream) -> None:
-    async def body(client: PooledClient) -> None:
+    async def body(client: UpstreamPool) -> None:
         for _ in range(3):
             responses = await asyncio.gather(
-                *(client.fetch(chat(upstream.url, True, lambda c: None)) for _ in range(8))
+                *(fetch(client, **chat(upstream.url, True), on_chunk=lambda c: None) for _ in range(8))
             )
             assert {r.code for r in responses} == {200}
         assert client.opened == 8 and client.idle_count() == 8
@@ -106,12 +134,12 @@ def test_concurrent_requests_open_one_connection_each_then_reuse_them(upstream: 
 
 
 def test_idle_connections_are_closed_after_the_idle_timeout(upstream: FakeUpstream) -> None:
-    async def body(client: PooledClient) -> None:
-        await client.fetch(chat(upstream.url))
+    async def body(client: UpstreamPool) -> None:
+        await fetch(client, **chat(upstream.url))
         assert client.idle_count() == 1
         await asyncio.sleep(0.6)
         assert client.idle_count() == 0
-        await client.fetch(chat(upstream.url))
+        await fetch(client, **chat(upstream.url))
         assert client.opened == 2
 
     run_with_client(body, idle_timeout=0.2)
@@ -123,12 +151,12 @@ def test_a_request_just_inside_the_idle_limit_reaches_the_upstream_exactly_once(
     """Near the edge, at the pool's real limit (4 s) against the fake's uvicorn keep-alive (5 s,
     measured on vLLM by tests/test_fakes_match_vllm.py): reused or not, depending on how late the
     second request leaves on a busy machine, it is answered and reaches the upstream once."""
-    idle_timeout = inspect.signature(PooledClient.initialize).parameters["idle_timeout"].default
+    idle_timeout = IDLE_TIMEOUT_S
 
-    async def body(client: PooledClient) -> None:
-        assert (await client.fetch(chat(upstream.url))).code == 200
+    async def body(client: UpstreamPool) -> None:
+        assert (await fetch(client, **chat(upstream.url))).code == 200
         await asyncio.sleep(idle_timeout - 0.5)
-        assert (await client.fetch(chat(upstream.url))).code == 200
+        assert (await fetch(client, **chat(upstream.url))).code == 200
 
     run_with_client(body)
     assert len(upstream.requests) == 2  # neither lost to the upstream's close nor sent twice
@@ -138,15 +166,15 @@ def test_an_idle_connection_the_upstream_closed_is_replaced_not_reused(upstream:
     """A pool that kept connections longer than the upstream (here 60 s against uvicorn's 5 s) finds
     the closed one before use (MSG_PEEK sees the FIN) and sends the request once, on a new one."""
 
-    async def body(client: PooledClient) -> None:
-        assert (await client.fetch(chat(upstream.url))).code == 200
+    async def body(client: UpstreamPool) -> None:
+        assert (await fetch(client, **chat(upstream.url))).code == 200
         first = upstream.requests[0].peer
         deadline = time.monotonic() + upstream.keep_alive + 10
         while not any(end.peer == first and end.by_keep_alive for end in upstream.connection_ends):
             assert time.monotonic() < deadline, "the upstream never closed the idle connection"
             await asyncio.sleep(0.05)
         assert client.idle_count() == 1  # still pooled, closed on the other side
-        assert (await client.fetch(chat(upstream.url))).code == 200
+        assert (await fetch(client, **chat(upstream.url))).code == 200
         assert client.opened == 2
 
     run_with_client(body, idle_timeout=60)
@@ -155,8 +183,8 @@ def test_an_idle_connection_the_upstream_closed_is_replaced_not_reused(upstream:
 
 
 def test_at_most_max_idle_connections_are_kept(upstream: FakeUpstream) -> None:
-    async def body(client: PooledClient) -> None:
-        await asyncio.gather(*(client.fetch(chat(upstream.url)) for _ in range(5)))
+    async def body(client: UpstreamPool) -> None:
+        await asyncio.gather(*(fetch(client, **chat(upstream.url)) for _ in range(5)))
         assert client.opened == 5 and client.idle_count() == 2
 
     run_with_client(body, max_idle=2)
@@ -168,21 +196,27 @@ def test_at_most_max_idle_connections_are_kept(upstream: FakeUpstream) -> None:
 def test_a_cancelled_connection_is_closed_at_once_and_never_reused(upstream: FakeUpstream) -> None:
     upstream.endless = True
 
-    async def body(client: PooledClient) -> None:
-        request = chat(upstream.url, True, lambda chunk: None)
-        first = asyncio.ensure_future(client.fetch(request))
+    async def body(client: UpstreamPool) -> None:
+        exchange = client.stream(**chat(upstream.url, True))
+
+        async def consume() -> None:
+            async with exchange:
+                async for _piece in exchange:
+                    pass
+
+        first = asyncio.ensure_future(consume())
         while not upstream.requests:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
         cancelled_at = time.monotonic()
-        PooledClient.cancel(request)
-        with pytest.raises(StreamClosedError):
+        exchange.abort()
+        with pytest.raises(UpstreamError, match="aborted"):
             await first
         while not upstream.closes:
             await asyncio.sleep(0.01)
         assert upstream.closes[0].at - cancelled_at < 1.0
         upstream.endless = False
-        assert (await client.fetch(chat(upstream.url))).code == 200
+        assert (await fetch(client, **chat(upstream.url))).code == 200
         assert client.opened == 2
 
     run_with_client(body)
@@ -190,34 +224,34 @@ def test_a_cancelled_connection_is_closed_at_once_and_never_reused(upstream: Fak
     assert first.peer != second.peer
 
 
-def test_a_streaming_callback_that_raises_drops_the_connection(upstream: FakeUpstream) -> None:
+def test_an_error_while_reading_the_body_drops_the_connection(upstream: FakeUpstream) -> None:
     class Gone(Exception):
         pass
 
     def refuse(chunk: bytes) -> None:
         raise Gone()
 
-    async def body(client: PooledClient) -> None:
+    async def body(client: UpstreamPool) -> None:
         with pytest.raises(Gone):
-            await client.fetch(chat(upstream.url, True, refuse))
+            await fetch(client, **chat(upstream.url, True), on_chunk=refuse)
         assert client.idle_count() == 0
-        assert (await client.fetch(chat(upstream.url))).code == 200
+        assert (await fetch(client, **chat(upstream.url))).code == 200
         assert client.opened == 2
 
     run_with_client(body)
 
 
-def test_backpressure_the_next_read_waits_for_the_callback(upstream: FakeUpstream) -> None:
-    """While the callback's awaitable is pending, nothing more is delivered."""
+def test_backpressure_the_next_piece_waits_for_the_reader(upstream: FakeUpstream) -> None:
+    """While the reader is busy with a piece, nothing more is delivered."""
 
-    async def body(client: PooledClient) -> None:
+    async def body(client: UpstreamPool) -> None:
         calls: list[float] = []
 
         async def slow(chunk: bytes) -> None:
             calls.append(time.monotonic())
             await asyncio.sleep(0.05)
 
-        response = await client.fetch(chat(upstream.url, True, lambda chunk: slow(chunk)))
+        response = await fetch(client, **chat(upstream.url, True), on_chunk=lambda chunk: slow(chunk))
         assert response.code == 200 and len(calls) >= 2
         gaps = [b - a for a, b in itertools.pairwise(calls)]
         assert min(gaps) >= 0.045
@@ -229,12 +263,12 @@ def test_backpressure_the_next_read_waits_for_the_callback(upstream: FakeUpstrea
 def test_an_upstream_that_went_down_and_came_back_is_reached_on_a_new_connection(
     upstream: FakeUpstream,
 ) -> None:
-    async def body(client: PooledClient) -> None:
-        assert (await client.fetch(chat(upstream.url))).code == 200
+    async def body(client: UpstreamPool) -> None:
+        assert (await fetch(client, **chat(upstream.url))).code == 200
         upstream.down()  # closes the idle connection from the other side
         upstream.up()
         await asyncio.sleep(0.05)
-        response = await client.fetch(chat(upstream.url))
+        response = await fetch(client, **chat(upstream.url))
         assert response.code == 200
         assert client.opened == 2
 
@@ -245,9 +279,9 @@ def test_an_upstream_that_went_down_and_came_back_is_reached_on_a_new_connection
 def test_a_connection_close_answer_is_not_reused(upstream: FakeUpstream) -> None:
     upstream.extra_headers = {"Connection": "close"}
 
-    async def body(client: PooledClient) -> None:
+    async def body(client: UpstreamPool) -> None:
         for _ in range(3):
-            assert (await client.fetch(chat(upstream.url))).code == 200
+            assert (await fetch(client, **chat(upstream.url))).code == 200
         assert client.opened == 3 and client.idle_count() == 0
 
     run_with_client(body)
@@ -322,11 +356,11 @@ def test_a_reset_of_a_reused_connection_before_any_answer_is_sent_again_once() -
             writer.write(OK)
             await writer.drain()
 
-    async def body(client: PooledClient) -> None:
+    async def body(client: UpstreamPool) -> None:
         url, _received, connections, server = await raw_server(script)
         async with server:
-            assert (await client.fetch(url + "/a")).body == b"ok"
-            response = await client.fetch(url + "/b")
+            assert (await fetch(client, url + "/a")).body == b"ok"
+            response = await fetch(client, url + "/b")
             assert response.code == 200 and response.body == b"ok"
             assert connections == [0, 1] and client.opened == 2
 
@@ -343,12 +377,12 @@ def test_a_clean_hang_up_after_the_request_is_never_sent_again() -> None:
         await read_request(reader)  # read the second request, then close without a word
         writer.close()
 
-    async def body(client: PooledClient) -> None:
+    async def body(client: UpstreamPool) -> None:
         url, received, connections, server = await raw_server(script)
         async with server:
-            assert (await client.fetch(url + "/a")).code == 200
-            with pytest.raises(StreamClosedError):
-                await client.fetch(url + "/b", method="POST", body=b"{}")
+            assert (await fetch(client, url + "/a")).code == 200
+            with pytest.raises(UpstreamError):
+                await fetch(client, url + "/b", method="POST", body=b"{}")
             assert connections == [0] and len(received) == 2
 
     run_with_client(body)
@@ -369,12 +403,12 @@ def test_chunked_bodies_written_byte_by_byte_with_extensions_and_trailers_are_de
                 await writer.drain()
                 await asyncio.sleep(0)
 
-    async def body_(client: PooledClient) -> None:
+    async def body_(client: UpstreamPool) -> None:
         url, _received, _connections, server = await raw_server(script)
         async with server:
             for _ in range(2):
                 chunks: list[bytes] = []
-                response = await client.fetch(url + "/s", streaming_callback=chunks.append)
+                response = await fetch(client, url + "/s", on_chunk=chunks.append)
                 assert response.code == 200 and b"".join(chunks) == payload
             assert client.opened == 1  # a complete chunked body leaves the connection reusable
 
@@ -402,13 +436,13 @@ def test_a_malformed_answer_is_an_error_and_the_connection_is_dropped(answer: by
         writer.write(OK)
         await writer.drain()
 
-    async def body(client: PooledClient) -> None:
+    async def body(client: UpstreamPool) -> None:
         url, _received, _connections, server = await raw_server(script)
         async with server:
             with pytest.raises(UpstreamProtocolError):
-                await client.fetch(url + "/a", streaming_callback=lambda chunk: None)
+                await fetch(client, url + "/a", on_chunk=lambda chunk: None)
             assert client.idle_count() == 0
-            assert (await client.fetch(url + "/b")).body == b"ok"
+            assert (await fetch(client, url + "/b")).body == b"ok"
             assert client.opened == 2
 
     run_with_client(body)
@@ -420,11 +454,11 @@ def test_an_http_1_0_answer_delimited_by_close_is_read_whole_and_not_reused() ->
         writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end")
         await writer.drain()
 
-    async def body(client: PooledClient) -> None:
+    async def body(client: UpstreamPool) -> None:
         url, _received, connections, server = await raw_server(script)
         async with server:
             for _ in range(2):
-                assert (await client.fetch(url + "/a")).body == b"until the end"
+                assert (await fetch(client, url + "/a")).body == b"until the end"
             assert connections == [0, 1] and client.idle_count() == 0
 
     run_with_client(body)
@@ -437,11 +471,11 @@ def test_interim_100_continue_is_skipped_and_error_statuses_are_responses() -> N
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy")
             await writer.drain()
 
-    async def body(client: PooledClient) -> HTTPResponse:
+    async def body(client: UpstreamPool) -> Answer:
         url, _received, _connections, server = await raw_server(script)
         async with server:
-            response = await client.fetch(url + "/a", raise_error=False)
-            again = await client.fetch(url + "/a", raise_error=False)
+            response = await fetch(client, url + "/a")
+            again = await fetch(client, url + "/a")
             assert again.code == 503 and client.opened == 1
             return response
 
@@ -458,10 +492,10 @@ def test_a_redirect_is_relayed_as_it_is_never_followed() -> None:
             )
             await writer.drain()
 
-    async def body(client: PooledClient) -> None:
+    async def body(client: UpstreamPool) -> None:
         url, received, _connections, server = await raw_server(script)
         async with server:
-            response = await client.fetch(url + "/v1/models", raise_error=False)
+            response = await fetch(client, url + "/v1/models")
             assert response.code == 302 and response.headers["Location"] == "http://169.254.169.254/"
             assert len(received) == 1
 
@@ -479,30 +513,29 @@ def test_proxy_environment_variables_are_ignored(
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
 
-    async def body(client: PooledClient) -> None:
-        assert (await client.fetch(chat(upstream.url))).code == 200  # straight to the upstream
+    async def body(client: UpstreamPool) -> None:
+        assert (await fetch(client, **chat(upstream.url))).code == 200  # straight to the upstream
 
     run_with_client(body)
     assert len(upstream.requests) == 1
 
 
-def test_a_refused_connection_is_an_os_error() -> None:
+def test_a_refused_connection_is_an_upstream_error() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
 
-    async def body(client: PooledClient) -> None:
-        with pytest.raises(OSError):
-            await client.fetch(f"http://127.0.0.1:{port}/v1/models")
+    async def body(client: UpstreamPool) -> None:
+        with pytest.raises(UpstreamError, match="cannot connect"):
+            await fetch(client, f"http://127.0.0.1:{port}/v1/models")
 
     run_with_client(body)
 
 
 def test_header_values_with_line_breaks_are_refused_before_anything_is_sent(upstream: FakeUpstream) -> None:
-    async def body(client: PooledClient) -> None:
-        request = HTTPRequest(upstream.url + "/v1/models", headers={"X-Evil": "a\r\nHost: elsewhere"})
+    async def body(client: UpstreamPool) -> None:
         with pytest.raises(ValueError, match="line break"):
-            await client.fetch(request)
+            await fetch(client, upstream.url + "/v1/models", headers=(("X-Evil", "a\r\nHost: elsewhere"),))
 
     run_with_client(body)
     assert upstream.requests == []
@@ -530,3 +563,39 @@ def test_the_dechunker_refuses_an_endless_size_line_and_bytes_after_the_end() ->
         _Dechunker().feed(b"0\r\n\r\nextra")
     with pytest.raises(UpstreamProtocolError):
         _Dechunker().feed(b"12345678901234567\r\n")
+
+
+@pytest.mark.parametrize("when", ["with-the-answer", "while-idle"])
+def test_bytes_after_an_answer_make_its_connection_unfit_for_reuse(when: str) -> None:
+    """Whatever the upstream sends beyond a response (glued to it, or later, into an idle connection)
+    could be read as the next request's answer: that connection is closed, the next goes on a new one."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await read_request(reader)
+            if n > 0:
+                writer.write(OK)
+                await writer.drain()
+                continue
+            writer.write(
+                OK + b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray" if when == "with-the-answer" else OK
+            )
+            await writer.drain()
+            if when == "while-idle":
+                await asyncio.sleep(0.1)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray")
+                await writer.drain()
+
+    async def body(client: UpstreamPool) -> None:
+        url, _received, connections, server = await raw_server(script)
+        async with server:
+            assert (await fetch(client, url + "/a")).body == b"ok"
+            if when == "while-idle":  # until the pool's connection has seen them (they come 0.1 s later)
+                deadline = time.monotonic() + 10
+                while all(conn.clean for pool in client._idle.values() for conn in pool):
+                    assert time.monotonic() < deadline, "the stray bytes never arrived"
+                    await asyncio.sleep(0.01)
+            assert (await fetch(client, url + "/b")).body == b"ok"
+            assert connections == [0, 1] and client.opened == 2
+
+    run_with_client(body)

@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support.server import free_port, start_server  # noqa: E402
+from tests.support.server import Server, free_port, start_server  # noqa: E402
 
 CHUNKS = 64
 KEYS = 8
@@ -51,36 +51,6 @@ ADDED_TTFB_TARGET_MS = 1.0
 HEALTHZ_P99_TARGET_MS = 5.0
 TIME_WAIT_TARGET = 100
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
-
-
-# `--curl`: a second gateway whose relay uses tornado's libcurl client (`pip install pycurl`) in place
-# of vllm_use.gateway.upstream.PooledClient, to weigh the library against our own pool. The client is
-# made at the first request: tornado's clients bind to the IOLoop current when they are made, and the
-# app's context is built before `asyncio.run` (made there, the client waits on a loop that never runs).
-# libcurl has no way to abort one transfer from outside, so `cancel` does nothing here.
-CURL_CLIENT = """
-import handlers.gateway, vllm_use.app
-from tornado.curl_httpclient import CurlAsyncHTTPClient
-
-class CurlClient:
-    def __init__(self, **_):
-        self._client = None
-
-    def fetch(self, request, **kwargs):
-        if self._client is None:
-            self._client = CurlAsyncHTTPClient(force_instance=True, max_clients=64)
-        return self._client.fetch(request, **kwargs)
-
-    def close(self):
-        if self._client is not None:
-            self._client.close()
-
-    @staticmethod
-    def cancel(request):
-        pass
-
-vllm_use.app.PooledClient = handlers.gateway.PooledClient = CurlClient
-"""
 
 
 PROFILER = """
@@ -358,16 +328,14 @@ async def run(
     upstream_port: int,
     gw_port: int,
     secrets: tuple[str, ...],
-    curl: tuple[int, int, tuple[str, ...]] | None = None,
+    others: list[Target],
 ) -> None:
     targets = [
         Target("upstream direct", upstream_port, "tiny"),
         Target("gateway", gw_port, "fast", secrets, pid=server_pid),
         Target("gateway + conv-id", gw_port, "fast", secrets, conversation=True, pid=server_pid),
     ]
-    if curl is not None:
-        curl_pid, curl_port, curl_secrets = curl
-        targets.append(Target("gateway, libcurl", curl_port, "fast", curl_secrets, pid=curl_pid))
+    targets += others
     rows: dict[tuple[str, bool, int], dict[str, float]] = {}
     gw_requests = gw_opened = 0
     print(
@@ -445,11 +413,15 @@ async def run(
         for name in ("gateway", "gateway + conv-id"):
             value = rows[(name, stream, 32)]["gw_cpu"]
             print(f"   {label:<34} {name:<18} {value:6.2f} ms  {mark(value, target_ms)}")
-    if curl is not None:  # the library is preferred unless it costs more than 10 % CPU per stream
+    for other in others:  # --baseline: before / after
         for stream in (True, False):
-            ratio = rows[("gateway, libcurl", stream, 32)]["gw_cpu"] / rows[("gateway", stream, 32)]["gw_cpu"]
-            label = f"libcurl / own pool, CPU, c=32, {'stream' if stream else 'small'}"
-            print(f"   {label:<53} {ratio:6.2f}×  {'OK' if ratio <= 1.1 else 'MISS'} (≤ 1.1)")
+            for concurrency in (1, 32):
+                ratio = (
+                    rows[(other.name, stream, concurrency)]["gw_cpu"]
+                    / rows[("gateway", stream, concurrency)]["gw_cpu"]
+                )
+                label = f"CPU {other.name} / gateway, c={concurrency}, {'stream' if stream else 'small'}"
+                print(f"   {label:<53} {ratio:6.2f}×")
     for stream in (False, True):
         for name in ("gateway", "gateway + conv-id"):
             added = rows[(name, stream, 1)]["ttfb50"] - rows[("upstream direct", stream, 1)]["ttfb50"]
@@ -487,9 +459,9 @@ def main() -> None:
         help="run the gateway under cProfile; write the stats to FILE, print the top",
     )
     parser.add_argument(
-        "--curl",
-        action="store_true",
-        help="also run a gateway whose relay uses tornado's libcurl client (needs pycurl), side by side",
+        "--baseline",
+        metavar="REV",
+        help="also run the gateway of git revision REV (a temporary worktree), side by side: before/after",
     )
     opts = parser.parse_args()
     if opts.serve_upstream:
@@ -514,37 +486,49 @@ def main() -> None:
                 "fast=tiny",
                 env=env,
             )
-            curl_server = None
+            extra: list[Server] = []
             try:
                 # 8 keys over the 32 connections: 4 live resumable streams per key, within its 8.
                 secrets = tuple(server.create_key("inference", name=f"bench-{i}")[1] for i in range(KEYS))
                 gw_port = int(server.base_url.rsplit(":", 1)[1])
                 print(f"gateway {server.base_url} (pid {server.proc.pid}), upstream port {upstream_port}")
-                curl = None
-                if opts.curl:
-                    curl_site = Path(tmp, "curl-site")
-                    curl_site.mkdir()
-                    (curl_site / "sitecustomize.py").write_text(CURL_CLIENT)
-                    curl_server = start_server(
-                        Path(tmp) / "curl-data",
+                others: list[Target] = []
+                wanted: list[tuple[str, dict[str, str], Path]] = []  # name, environment, code
+                if opts.baseline:
+                    tree = Path(tmp, "baseline")
+                    subprocess.run(
+                        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), opts.baseline],
+                        check=True,
+                        capture_output=True,
+                    )
+                    wanted.append((f"gateway @{opts.baseline}"[:18], {}, tree))
+                for i, (name, env_extra, repo) in enumerate(wanted):
+                    other = start_server(
+                        Path(tmp) / f"data-{i}",
                         "--upstream",
                         f"http://127.0.0.1:{upstream_port}",
                         "--model-aliases",
                         "fast=tiny",
-                        env={"PYTHONPATH": os.pathsep.join([str(curl_site), str(REPO)])},
+                        env=env_extra,
+                        repo=repo,
                     )
-                    curl_secrets = tuple(
-                        curl_server.create_key("inference", name=f"bench-{i}")[1] for i in range(KEYS)
-                    )
-                    curl_port = int(curl_server.base_url.rsplit(":", 1)[1])
-                    curl = (curl_server.proc.pid, curl_port, curl_secrets)
-                    print(f"gateway with libcurl {curl_server.base_url} (pid {curl_server.proc.pid})")
+                    extra.append(other)
+                    keys = tuple(other.create_key("inference", name=f"bench-{k}")[1] for k in range(KEYS))
+                    port = int(other.base_url.rsplit(":", 1)[1])
+                    others.append(Target(name, port, "fast", keys, pid=other.proc.pid))
+                    print(f"{name} {other.base_url} (pid {other.proc.pid})")
                 print()
-                asyncio.run(run(opts, server.proc.pid, upstream.pid, upstream_port, gw_port, secrets, curl))
+                asyncio.run(run(opts, server.proc.pid, upstream.pid, upstream_port, gw_port, secrets, others))
             finally:
                 server.stop()
-                if curl_server is not None:
-                    curl_server.stop()
+                for other in extra:
+                    other.stop()
+                if opts.baseline:
+                    subprocess.run(
+                        ["git", "-C", str(REPO), "worktree", "remove", "--force", str(Path(tmp, "baseline"))],
+                        check=False,
+                        capture_output=True,
+                    )
     finally:
         upstream.terminate()
         upstream.wait(10)

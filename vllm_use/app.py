@@ -34,7 +34,7 @@ from vllm_use.executor import Executor
 from vllm_use.gateway.audit import AuditWriter
 from vllm_use.gateway.live import LiveRequests
 from vllm_use.gateway.streams import StreamRegistry
-from vllm_use.gateway.upstream import PooledClient
+from vllm_use.gateway.upstream import UpstreamPool
 from vllm_use.keys.authenticator import FLUSH_S, Authenticator
 from vllm_use.recovery import recover
 from vllm_use.runtime.supervisor import Supervisor
@@ -92,7 +92,7 @@ def build_context(config: Config) -> AppContext:
         downloads=downloads,
         runtime=Supervisor(config),
         audit=AuditWriter(db, config.max_audit_records),
-        gateway_client=PooledClient(force_instance=True),
+        upstream_pool=UpstreamPool(),
         streams=StreamRegistry(),
         live=LiveRequests(),
     )
@@ -167,7 +167,7 @@ async def run(app: AppContext) -> int:
         await asyncio.wait_for(server.close_all_connections(), SHUTDOWN_GRACE_S)
     except TimeoutError:
         log.warning("some connections did not close within %.0f s", SHUTDOWN_GRACE_S)
-    app.gateway_client.close()  # idle upstream keep-alive connections
+    app.upstream_pool.close()  # idle upstream keep-alive connections
     status = shutdown(app)
     return status if persisted else 1
 

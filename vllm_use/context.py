@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from vllm_use.gateway.audit import AuditWriter
     from vllm_use.gateway.live import LiveRequests
     from vllm_use.gateway.streams import StreamRegistry
-    from vllm_use.gateway.upstream import PooledClient
+    from vllm_use.gateway.upstream import UpstreamPool
     from vllm_use.keys.authenticator import Authenticator
     from vllm_use.registry import Registry
     from vllm_use.runtime.supervisor import Supervisor
@@ -36,7 +36,7 @@ class AppContext:
     downloads: DownloadManager
     runtime: Supervisor
     audit: AuditWriter
-    gateway_client: PooledClient
+    upstream_pool: UpstreamPool
     streams: StreamRegistry
     live: LiveRequests  # open /v1 requests by key id, closed when the key is revoked
     lifecycle: Lifecycle = field(default_factory=Lifecycle)

@@ -162,9 +162,11 @@ def start_server(
     admin_token: str | None = ADMIN_TOKEN,
     wait: bool = True,
     nofile: int | None = None,
+    repo: Path = REPO,
 ) -> Server:
     """`vllm-use serve` as a child on a free loopback port; `nofile` caps its RLIMIT_NOFILE (soft and
-    hard) for the tests of running out of descriptors."""
+    hard) for the tests of running out of descriptors; `repo` is the tree whose code runs (another
+    checkout: tools/bench_gateway.py --baseline)."""
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir.parent / f"server-{port}.log"
@@ -190,7 +192,7 @@ def start_server(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=serve_env(env, admin_token),
-            cwd=REPO,
+            cwd=repo,
             preexec_fn=limit if nofile is not None else None,
         )
     server = Server(f"http://127.0.0.1:{port}", data_dir, log_path, proc, admin_token)

@@ -1,7 +1,7 @@
 """The gateway's header rules (docs/gateway.md, "Per request"): what goes upstream, what comes back to
 the client.
 
-The client that talks to the upstream is `vllm_use.gateway.upstream.PooledClient`.
+The client that talks to the upstream is `vllm_use.gateway.upstream.UpstreamPool`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ REQUEST_DROP = HOP_BY_HOP | {
     # someone else (nor learn its address); the X-Forwarded-* family is dropped below too.
     "forwarded",
     "x-real-ip",
+    "x-request-id",  # ours: the client's when it is valid, else a new one (set below)
 }
 RESPONSE_DROP = HOP_BY_HOP | {
     "content-length",
@@ -68,19 +69,3 @@ def forward_headers(
     out["X-Request-ID"] = request_id
     out["Accept-Encoding"] = "identity"
     return out
-
-
-def parse_header_lines(lines: list[str]) -> tuple[int, str, list[tuple[str, str]]]:
-    """The status code, reason and headers from the raw lines Tornado's header_callback gives."""
-    status_line = lines[0].strip()
-    parts = status_line.split(" ", 2)
-    code = int(parts[1])
-    reason = parts[2] if len(parts) > 2 else ""
-    headers = []
-    for line in lines[1:]:
-        line = line.rstrip("\r\n")
-        if not line or ":" not in line:
-            continue
-        name, _, value = line.partition(":")
-        headers.append((name.strip(), value.strip()))
-    return code, reason, headers

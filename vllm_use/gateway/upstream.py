@@ -1,68 +1,62 @@
-"""The gateway's HTTP client to the upstream: keep-alive pooled, cancellable, no proxies, no redirects
-(docs/gateway.md, "The upstream connection").
+"""The gateway's HTTP/1.1 client to the upstream: keep-alive pooled, abortable, streaming with
+backpressure, no proxies, no redirects (docs/gateway.md, "The upstream connection").
 
-`PooledClient` is an `AsyncHTTPClient` (so `fetch(HTTPRequest)` works as anywhere in Tornado) that
-speaks HTTP/1.1 itself over `IOStream`s kept in a small pool per upstream origin:
+    exchange = pool.stream("POST", url, headers, body)  # nothing sent yet; abort() works from here
+    async with exchange:                                # connected, request sent, head read
+        exchange.status, exchange.reason, exchange.headers
+        async for payload in exchange:                  # the body, de-chunked, one piece per arrival
+            ...
+    # leaving the block: the connection goes back to the pool, or is closed
 
-- **Reuse.** A connection goes back to the pool only after a complete, well-framed response
-  (Content-Length or chunked) with no `Connection: close`, on HTTP/1.1, when nothing went wrong
-  and nobody cancelled it. Idle connections live at most `idle_timeout` seconds (below uvicorn's
-  5 s keep-alive, so vLLM rarely closes one under us) and are checked with a non-blocking
-  `MSG_PEEK` before reuse. If a reused connection is still reset before a single response byte
-  arrives, the request is sent once more on a new connection: the upstream had closed it while
-  idle and dropped our request unread. A clean close after the request is never retried (the
-  upstream may have started the generation); the client gets a 502.
-- **Streaming with backpressure.** `streaming_callback` gets the body as it arrives, de-chunked,
-  once per socket read (the chunks that arrived together are passed together, so the gateway
-  flushes once for them). If it returns an awaitable, the next read waits for it.
-  An exception raised in it (the client went away) closes the connection and ends the fetch.
-- **Cancellation.** `cancel(request)` closes the request's upstream socket at once, so vLLM
-  aborts the generation and frees the slot; that connection is never reused.
+Each connection is an asyncio protocol (`_Connection`) with its own buffer, on the loop Tornado runs
+on: every byte the upstream sends passes through our hands, so we always know whether a connection
+is clean to reuse, without peeking into a library's private state.
+
+- **Reuse.** A connection goes back to the pool only when the block is left normally after the
+  whole body was read, the body was well framed (Content-Length or chunked), the answer was HTTP/1.1
+  without `Connection: close`, nothing arrived after the body, and nobody aborted it. Idle
+  connections live at most `idle_timeout` seconds (below uvicorn's 5 s keep-alive, so vLLM rarely
+  closes one under us). An idle connection that the upstream closes, or that receives a byte, is
+  dropped at once (its protocol sees it: no probing before reuse). If a reused connection is still
+  reset before a single response byte arrives, the request is sent once more on a new connection:
+  the upstream had closed it while idle and dropped our request unread. A clean close after the
+  request is never retried (the upstream may have started the generation); the caller gets an
+  `UpstreamError`.
+- **Backpressure.** The body is read only as the caller iterates: while it is busy (flushing to a
+  slow client), at most `HIGH_WATER` bytes wait in our buffer, then the socket is not read, and
+  TCP pushes back to the upstream.
+- **Abort.** `exchange.abort()` closes the connection at once, so vLLM aborts the generation and
+  frees the slot; a pending `async with` or `async for` raises `UpstreamError`; that connection is
+  never reused.
+- **Errors.** Everything that goes wrong talking to the upstream (connect, reset, close, broken
+  framing, abort) is an `UpstreamError` (`UpstreamProtocolError` for broken framing): the caller
+  needs only to know whether anything was relayed yet. A header value with a line break is a
+  `ValueError` from `stream()`, before anything is sent.
 - No environment proxy, no redirect following, no decompression: the gateway relays what it gets.
   Only `connect_timeout` applies; a generation may legitimately take hours.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import re
-import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from io import BytesIO
-from typing import Any
+from collections.abc import Iterable
+from types import TracebackType
 from urllib.parse import urlsplit
 
-from tornado import gen
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
-from tornado.httputil import HTTPHeaders
-from tornado.ioloop import IOLoop
-from tornado.iostream import IOStream, StreamClosedError
-from tornado.tcpclient import TCPClient
+from vllm_use.errors import UpstreamError, UpstreamProtocolError
 
 MAX_HEAD = 64 * 1024  # status line + headers of one response
 MAX_CHUNK_LINE = 1024
-READ_SIZE = 64 * 1024
+HIGH_WATER = 256 * 1024  # bytes read ahead of the caller before the socket is left unread
+IDLE_TIMEOUT_S = 4.0  # below uvicorn's 5 s keep-alive (vLLM's), so the upstream rarely closes one first
 _NO_BODY = frozenset({204, 304})
-
-
-class UpstreamProtocolError(StreamClosedError):
-    """The upstream broke HTTP/1.1 framing; the connection is dropped (never reused)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__()
-        self.args = (message,)
-
-    def __str__(self) -> str:
-        return self.args[0]
-
-
-class _Stale(Exception):
-    """A reused connection was closed by the upstream before any response byte: safe to resend."""
-
-
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\r\n]*)?\r\n")
+
+Key = tuple[str, str, int]  # scheme, host, port
 
 
 class _Dechunker:
@@ -150,253 +144,376 @@ def _parse_head(data: bytes) -> tuple[str, int, str, list[tuple[str, str]]]:
     return parts[0], int(parts[1]), parts[2] if len(parts) > 2 else "", headers
 
 
-class _Idle:
-    __slots__ = ("since", "stream")
+def _request_head(
+    method: str, netloc: str, target: str, headers: Iterable[tuple[str, str]], body: bytes | None
+) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {netloc}"]
+    for name, value in headers:
+        lower = name.lower()
+        if lower in ("host", "content-length", "connection", "transfer-encoding"):
+            continue
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+            raise ValueError(f"header {name!r} contains a line break")
+        lines.append(f"{name}: {value}")
+    if body is not None or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body or b'')}")
+    lines.append("Connection: keep-alive")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    def __init__(self, stream: IOStream, since: float) -> None:
-        self.stream = stream
-        self.since = since
 
+class _Connection(asyncio.Protocol):
+    """One upstream connection: what arrives waits in `_chunks` until `read()` takes it."""
 
-class PooledClient(AsyncHTTPClient):
-    """See the module docstring. `max_idle` idle connections are kept per origin."""
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self.eof = False  # the upstream closed its side
+        self.lost = False  # the connection is gone
+        self.error: Exception | None = None  # why, if not an orderly close
+        self.idle_since = -1.0  # ≥ 0 while it waits in the pool
 
-    def initialize(  # type: ignore[override]
-        self, max_idle: int = 64, idle_timeout: float = 4.0, defaults: dict[str, Any] | None = None
-    ) -> None:
-        super().initialize(defaults=defaults)
-        self.max_idle = max_idle
-        self.idle_timeout = idle_timeout
-        self._idle: dict[tuple[str, str, int], collections.deque[_Idle]] = {}
-        self._tcp = TCPClient()
-        self._sweeping = False
-        self.opened = 0  # connections opened since start (for tests and the benchmark)
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle_since >= 0:  # nobody asked: a broken upstream; never hand this one out
+            self.close()
+            return
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size >= HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.error = exc
+        self._wake()
+
+    # --- ours ---
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    @property
+    def clean(self) -> bool:
+        """Open, and nothing unread: fit to carry the next request."""
+        return not (self.lost or self.eof or self._chunks)
+
+    async def read(self) -> bytes:
+        """What arrived since the last read, waiting for something; b"" once the upstream closed.
+        Raises the OSError that ended the connection, if it ended in one."""
+        while not self._chunks:
+            if self.eof or self.lost:
+                if self.error is not None:
+                    raise self.error
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._size = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
 
     def close(self) -> None:
-        for pool in self._idle.values():
-            for idle in pool:
-                idle.stream.close()
-        self._idle.clear()
-        self._tcp.close()
-        super().close()
+        """Drop the connection now (unsent data too): the upstream sees it closed at once."""
+        if self.transport is not None and not self.lost:
+            self.transport.abort()
 
-    @staticmethod
-    def cancel(request: HTTPRequest) -> None:
-        """Close the upstream connection of `request` now (no-op if it has none yet or is done)."""
-        stream = getattr(request, "_vu_stream", None)
-        request._vu_cancelled = True  # type: ignore[attr-defined]
-        if stream is not None and not stream.closed():
-            stream.close()
+
+class Exchange:
+    """One request and its response over a pooled connection; see the module docstring."""
+
+    __slots__ = (
+        "_aborted",
+        "_body",
+        "_conn",
+        "_connect_timeout",
+        "_decoder",
+        "_done",
+        "_head",
+        "_key",
+        "_left",
+        "_mode",
+        "_pool",
+        "_rest",
+        "_reusable",
+        "headers",
+        "reason",
+        "status",
+    )
+
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        method: str,
+        url: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | None,
+        connect_timeout: float,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"unsupported upstream URL {url!r}")
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._key: Key = (
+            parts.scheme,
+            parts.hostname,
+            parts.port or (443 if parts.scheme == "https" else 80),
+        )
+        self._head = _request_head(method, parts.netloc, target, headers, body)
+        self._body = body
+        self._pool = pool
+        self._connect_timeout = connect_timeout
+        self._conn: _Connection | None = None
+        self._aborted = False
+        self._done = False
+        self._reusable = False
+        self._mode = ""  # how the body ends: "chunked", "length", "close" (the end of the connection)
+        self._left = 0
+        self._decoder: _Dechunker | None = None
+        self._rest = b""  # body bytes that came with the head
+        self.status = 0
+        self.reason = ""
+        self.headers: list[tuple[str, str]] = []
+
+    def abort(self) -> None:
+        """Close the connection now (at any point; a no-op once the exchange is over)."""
+        self._aborted = True
+        if self._conn is not None:
+            self._conn.close()
+
+    async def __aenter__(self) -> Exchange:
+        for _attempt in range(2):
+            conn, reused = await self._pool._checkout(self._key, self._connect_timeout)
+            self._conn = conn
+            if self._aborted:
+                conn.close()
+                raise UpstreamError("aborted")
+            conn.write(self._head)
+            if self._body:
+                conn.write(self._body)
+            try:
+                if await self._read_head(conn, reused):
+                    return self
+            except BaseException:
+                conn.close()
+                self._conn = None
+                raise
+        raise UpstreamError("the upstream reset a new connection")  # pragma: no cover - never stale twice
+
+    async def _read_head(self, conn: _Connection, reused: bool) -> bool:
+        """Read the head (after any 1xx); False if a reused connection turned out stale (resend)."""
+        data = b""
+        method = self._head[: self._head.index(b" ")]
+        while True:
+            end = data.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+            if end >= 0:
+                version, code, reason, headers = _parse_head(data[:end])
+                data = data[end + 4 :]
+                if 100 <= code < 200:  # interim responses (100 Continue, 103 Early Hints): skip
+                    continue
+                break
+            if len(data) > MAX_HEAD:
+                raise UpstreamProtocolError("response head too large")
+            try:
+                more = await conn.read()
+            except OSError as exc:
+                # A reset on a reused connection with nothing received: the upstream had closed it
+                # while idle and discarded our request unread (a server that reads a request and then
+                # closes sends FIN, not RST). Anything else may have been processed: never sent twice.
+                if (
+                    reused
+                    and not data
+                    and not self._aborted
+                    and isinstance(exc, (ConnectionResetError, BrokenPipeError))
+                ):
+                    conn.close()
+                    return False
+                raise UpstreamError(f"connection lost: {exc!r}") from exc
+            if not more:
+                raise UpstreamError(
+                    "aborted" if self._aborted else "the upstream closed the connection before answering"
+                )
+            data += more
+        self.status, self.reason, self.headers = code, reason, headers
+        framing = {
+            name.lower(): value
+            for name, value in headers
+            if name.lower() in ("connection", "transfer-encoding", "content-length")
+        }
+        self._reusable = version == "HTTP/1.1" and "close" not in framing.get("connection", "").lower()
+        if method == b"HEAD" or code in _NO_BODY:
+            self._done = True
+        elif "chunked" in framing.get("transfer-encoding", "").lower():
+            self._mode, self._decoder = "chunked", _Dechunker()
+        elif "content-length" in framing:
+            text = framing["content-length"]
+            if not text.isdigit() or len(text) > 18:
+                raise UpstreamProtocolError(f"bad Content-Length {text[:20]!r}")
+            self._mode, self._left = "length", int(text)
+            self._done = not self._left
+        else:
+            self._mode, self._reusable = "close", False
+        self._rest = data
+        if self._done and data:
+            self._reusable = False  # bytes after a body that has none
+        return True
+
+    def __aiter__(self) -> Exchange:
+        return self
+
+    async def __anext__(self) -> bytes:
+        conn = self._conn
+        while not self._done and conn is not None:
+            if self._rest:
+                data, self._rest = self._rest, b""
+            else:
+                try:
+                    data = await conn.read()
+                except OSError as exc:
+                    raise UpstreamError(f"connection lost mid-body: {exc!r}") from exc
+            payload = self._take(data)
+            if payload:
+                return payload
+        raise StopAsyncIteration
+
+    def _take(self, data: bytes) -> bytes:
+        """The payload in `data`, the next bytes of the body (b"": the connection ended)."""
+        if not data:
+            if self._mode == "close" and not self._aborted:
+                self._done = True
+                return b""
+            raise UpstreamError("aborted" if self._aborted else "the upstream closed the connection mid-body")
+        if self._mode == "chunked":
+            assert self._decoder is not None
+            payload = self._decoder.feed(data)
+            self._done = self._decoder.done
+            return payload
+        if self._mode == "length":
+            payload = data[: self._left]
+            self._left -= len(payload)
+            if len(payload) < len(data):
+                self._reusable = False  # bytes after the body: not what the upstream should send
+            self._done = not self._left
+            return payload
+        return data
+
+    async def read_all(self) -> bytes:
+        """The whole body."""
+        return b"".join([piece async for piece in self])
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if kind is None and self._done and self._reusable and not self._aborted and conn.clean:
+            self._pool._release(self._key, conn)
+        else:
+            conn.close()
+
+
+class UpstreamPool:
+    """Keep-alive connections to the upstream, `max_idle` idle ones per origin at most."""
+
+    def __init__(self, max_idle: int = 64, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
+        self.max_idle = max_idle
+        self.idle_timeout = idle_timeout
+        self._idle: dict[Key, collections.deque[_Connection]] = {}
+        self._sweeping = False
+        self._closed = False
+        self.opened = 0  # connections opened since start (for tests and the benchmark)
+
+    def stream(
+        self,
+        method: str,
+        url: str,
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes | None = None,
+        connect_timeout: float = 10,
+    ) -> Exchange:
+        """An exchange, not started: `async with` it (see the module docstring)."""
+        return Exchange(self, method, url, headers, body, connect_timeout)
 
     def idle_count(self) -> int:
         return sum(len(pool) for pool in self._idle.values())
 
-    # --- fetch ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._closed = True
+        for pool in self._idle.values():
+            for conn in pool:
+                conn.close()
+        self._idle.clear()
 
-    def fetch_impl(self, request: HTTPRequest, callback: Callable[[HTTPResponse], None]) -> None:
-        IOLoop.current().add_future(
-            gen.convert_yielded(self._fetch(request, callback)), lambda future: future.result()
-        )
-
-    async def _fetch(self, request: HTTPRequest, callback: Callable[[HTTPResponse], None]) -> None:
-        original = getattr(request, "request", request)  # fetch() hands us a _RequestProxy
-        started = time.monotonic()
-        try:
-            parts = urlsplit(request.url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"unsupported upstream URL {request.url!r}")
-            key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
-            target = parts.path or "/"
-            if parts.query:
-                target += "?" + parts.query
-            head = self._request_head(request, parts.netloc, target)
-            for _attempt in range(2):
-                stream, reused = await self._connection(key, request)
-                if getattr(original, "_vu_cancelled", False):
-                    stream.close()
-                    raise StreamClosedError()
-                original._vu_stream = stream
-                try:
-                    code, reason, headers, body = await self._exchange(stream, key, request, head, reused)
-                    break
-                except _Stale:
-                    continue
-            else:  # pragma: no cover - the second attempt is on a new connection, never _Stale
-                raise StreamClosedError()
-        except Exception as exc:
-            callback(HTTPResponse(request, 599, error=exc, request_time=time.monotonic() - started))
-            return
-        response = HTTPResponse(
-            request,
-            code,
-            headers=headers,
-            buffer=BytesIO(body) if body is not None else None,
-            reason=reason,
-            request_time=time.monotonic() - started,
-            start_time=started,
-        )
-        callback(response)
-
-    @staticmethod
-    def _request_head(request: HTTPRequest, netloc: str, target: str) -> bytes:
-        lines = [f"{request.method} {target} HTTP/1.1", f"Host: {netloc}"]
-        body = request.body
-        for name, value in request.headers.get_all():
-            lower = name.lower()
-            if lower in ("host", "content-length", "connection", "transfer-encoding"):
-                continue
-            if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-                raise ValueError(f"header {name!r} contains a line break")
-            lines.append(f"{name}: {value}")
-        if body is not None or request.method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body or b'')}")
-        lines.append("Connection: keep-alive")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-    async def _exchange(
-        self, stream: IOStream, key: tuple[str, str, int], request: HTTPRequest, head: bytes, reused: bool
-    ) -> tuple[int, str, HTTPHeaders, bytes | None]:
-        body = request.body
-        try:
-            stream.write(head)
-            if body:
-                stream.write(body)
-            data = await stream.read_until(b"\r\n\r\n", max_bytes=MAX_HEAD)
-        except StreamClosedError:
-            original = getattr(request, "request", request)
-            cancelled = getattr(original, "_vu_cancelled", False)
-            # A reset on a reused connection with nothing received: the upstream had closed it while
-            # idle and discarded our request unread (a server that reads a request and then closes
-            # sends FIN, not RST). Anything else may have been processed: never sent twice.
-            reset = isinstance(stream.error, (ConnectionResetError, BrokenPipeError))
-            if reused and reset and not cancelled and stream._read_buffer_size == 0:
-                raise _Stale() from None
-            raise
-        except BaseException:
-            stream.close()
-            raise
-        try:
-            version, code, reason, header_list = _parse_head(data[:-4])
-            while 100 <= code < 200:  # interim responses (100 Continue, 103 Early Hints): skip
-                data = await stream.read_until(b"\r\n\r\n", max_bytes=MAX_HEAD)
-                version, code, reason, header_list = _parse_head(data[:-4])
-            headers = HTTPHeaders()
-            for name, value in header_list:
-                headers.add(name, value)
-            header_callback = request.header_callback
-            if header_callback is not None:
-                header_callback(f"{version} {code} {reason}\r\n")
-                for name, value in header_list:
-                    header_callback(f"{name}: {value}\r\n")
-                header_callback("\r\n")
-            reusable = version == "HTTP/1.1" and "close" not in headers.get("Connection", "").lower()
-            sink = request.streaming_callback
-            chunks: list[bytes] | None = None if sink is not None else []
-            if request.method == "HEAD" or code in _NO_BODY:
-                pass
-            elif "chunked" in headers.get("Transfer-Encoding", "").lower():
-                decoder = _Dechunker()
-                while not decoder.done:
-                    payload = decoder.feed(await stream.read_bytes(READ_SIZE, partial=True))
-                    if payload:
-                        await self._deliver(payload, sink, chunks)
-            elif "Content-Length" in headers:
-                text = headers["Content-Length"]
-                if not text.isdigit() or len(text) > 18:
-                    raise UpstreamProtocolError(f"bad Content-Length {text[:20]!r}")
-                left = int(text)
-                while left:
-                    payload = await stream.read_bytes(min(left, READ_SIZE), partial=True)
-                    left -= len(payload)
-                    await self._deliver(payload, sink, chunks)
-            else:  # delimited by the end of the connection
-                reusable = False
-                try:
-                    while True:
-                        await self._deliver(await stream.read_bytes(READ_SIZE, partial=True), sink, chunks)
-                except StreamClosedError:
-                    if stream.error:
-                        raise
-        except BaseException:
-            stream.close()
-            raise
-        original = getattr(request, "request", request)
-        original._vu_stream = None
-        if reusable and not getattr(original, "_vu_cancelled", False) and stream._read_buffer_size == 0:
-            self._release(key, stream)
-        else:
-            stream.close()
-        return code, reason, headers, b"".join(chunks) if chunks is not None else None
-
-    @staticmethod
-    async def _deliver(
-        payload: bytes, sink: Callable[[bytes], Awaitable[None] | None] | None, chunks: list[bytes] | None
-    ) -> None:
-        if sink is None:
-            assert chunks is not None
-            chunks.append(payload)
-            return
-        pending = sink(payload)
-        if pending is not None:
-            await pending
-
-    # --- the pool ------------------------------------------------------------------------------
-
-    async def _connection(self, key: tuple[str, str, int], request: HTTPRequest) -> tuple[IOStream, bool]:
+    async def _checkout(self, key: Key, connect_timeout: float) -> tuple[_Connection, bool]:
         pool = self._idle.get(key)
         now = time.monotonic()
         while pool:
-            idle = pool.pop()  # the most recently used: the least likely to have been closed
-            if now - idle.since < self.idle_timeout and _still_open(idle.stream):
-                return idle.stream, True
-            idle.stream.close()
+            conn = pool.pop()  # the most recently used: the least likely to have been closed
+            fresh = now - conn.idle_since < self.idle_timeout
+            conn.idle_since = -1.0
+            if fresh and conn.clean:
+                return conn, True
+            conn.close()
         scheme, host, port = key
-        ssl_options = None
-        if scheme == "https":
-            ssl_options = ssl.create_default_context()
-            if not request.validate_cert:
-                ssl_options.check_hostname = False
-                ssl_options.verify_mode = ssl.CERT_NONE
-        stream = await self._tcp.connect(
-            host, port, ssl_options=ssl_options, timeout=request.connect_timeout or 10
-        )
-        stream.set_nodelay(True)
+        context = ssl.create_default_context() if scheme == "https" else None
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(_Connection, host, port, ssl=context), connect_timeout
+            )
+        except (TimeoutError, OSError) as exc:
+            raise UpstreamError(f"cannot connect to {host}:{port}: {exc!r}") from exc
         self.opened += 1
-        return stream, False
+        return conn, False
 
-    def _release(self, key: tuple[str, str, int], stream: IOStream) -> None:
+    def _release(self, key: Key, conn: _Connection) -> None:
         pool = self._idle.setdefault(key, collections.deque())
         if len(pool) >= self.max_idle or self._closed:
-            stream.close()
+            conn.close()
             return
-        pool.append(_Idle(stream, time.monotonic()))
+        conn.idle_since = time.monotonic()
+        pool.append(conn)
         if not self._sweeping:
             self._sweeping = True
-            IOLoop.current().call_later(self.idle_timeout, self._sweep)
+            asyncio.get_running_loop().call_later(self.idle_timeout, self._sweep)
 
     def _sweep(self) -> None:
-        """Close connections idle past `idle_timeout` (oldest first), so none lingers in CLOSE_WAIT."""
+        """Close connections idle past `idle_timeout` (oldest first), so none lingers in CLOSE_WAIT,
+        and those the upstream closed meanwhile."""
         deadline = time.monotonic() - self.idle_timeout
         for key, pool in list(self._idle.items()):
-            while pool and pool[0].since <= deadline:
-                pool.popleft().stream.close()
+            for conn in [c for c in pool if c.idle_since <= deadline or not c.clean]:
+                pool.remove(conn)
+                conn.close()
             if not pool:
                 del self._idle[key]
         self._sweeping = bool(self._idle) and not self._closed
         if self._sweeping:
-            IOLoop.current().call_later(self.idle_timeout / 2, self._sweep)
-
-
-def _still_open(stream: IOStream) -> bool:
-    """An idle keep-alive connection is usable if it is open and nothing unread is waiting on it."""
-    if stream.closed() or stream._read_buffer_size:
-        return False
-    if isinstance(stream.socket, ssl.SSLSocket):
-        return True  # no MSG_PEEK on TLS; a stale one is caught by the resend rule
-    try:
-        stream.socket.recv(1, socket.MSG_PEEK)  # b"" is an orderly close, bytes are unexpected
-        return False
-    except BlockingIOError:
-        return True  # open, nothing to read: what a healthy idle connection looks like
-    except (OSError, ssl.SSLError):
-        return False
+            asyncio.get_running_loop().call_later(self.idle_timeout / 2, self._sweep)
