@@ -80,6 +80,11 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/runtime/restart", "runtime.restart", **BEGINS_A_START),
     Route("POST", "/api/runtime/switch", "runtime.switch", **BEGINS_A_START),
     Route("POST", "/api/runtime/stop", "runtime.stop"),
+    Route("GET", "/api/deployments", "deployments.list"),
+    Route("POST", "/api/deployments", "deployments.create", status=201, body="object"),
+    Route("GET", "/api/deployments/{name}", "deployments.get"),
+    Route("PATCH", "/api/deployments/{name}", "deployments.update", body="object"),
+    Route("DELETE", "/api/deployments/{name}", "deployments.delete"),
     Route("GET", "/api/keys", "api_keys.list"),
     Route("POST", "/api/keys", "api_keys.create", status=201, body="object"),
     Route("POST", "/api/keys/{id}/enable", "api_keys.enable"),
@@ -195,7 +200,7 @@ class RouteHandler(JsonHandler):
             args[name] = value
         return args
 
-    get = post = put = delete = _dispatch
+    get = post = put = patch = delete = _dispatch
 
     def allowed_verbs(self) -> list[str]:
         return list(self.routes)

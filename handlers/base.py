@@ -197,7 +197,7 @@ class JsonHandler(tornado.web.RequestHandler):
 
     def allowed_verbs(self) -> list[str]:
         """The verbs this path serves, for the `Allow` header of a 405."""
-        return [v for v in ("GET", "POST", "PUT", "DELETE") if type(self).__dict__.get(v.lower())]
+        return [v for v in ("GET", "POST", "PUT", "PATCH", "DELETE") if type(self).__dict__.get(v.lower())]
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         # Replaces the base, which writes an HTML page: every error here is the JSON document.

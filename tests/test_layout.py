@@ -224,6 +224,7 @@ TABLE_HOMES = {
     "AuditTable": {"vllm_use.gateway.audit"},
     "ModelTable": {"vllm_use.models.store"},
     "DownloadTaskTable": {"vllm_use.models.store"},
+    "DeploymentTable": {"vllm_use.deployments.store"},
 }
 # The SQL table names, which raw queries name instead of the class.
 SQL_NAMES = {
@@ -232,6 +233,7 @@ SQL_NAMES = {
     "AuditTable": "audit_records",
     "ModelTable": "models",
     "DownloadTaskTable": "download_tasks",
+    "DeploymentTable": "deployments",
 }
 
 

@@ -42,6 +42,11 @@ EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
     "runtime.restart": ("admin.write", "mcp.runtime"),
     "runtime.switch": ("admin.write", "mcp.runtime"),
     "runtime.stop": ("admin.write", "mcp.runtime"),
+    "deployments.list": READ,
+    "deployments.get": READ,
+    "deployments.create": ("admin.write", "mcp.runtime"),
+    "deployments.update": ("admin.write", "mcp.runtime"),
+    "deployments.delete": ("admin.write", "mcp.runtime"),
     "api_keys.list": ("admin.read", "mcp.admin"),
     "api_keys.create": ("admin.write", "mcp.admin"),
     "api_keys.enable": ("admin.write", "mcp.admin"),
@@ -57,7 +62,7 @@ EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
 SCOPES = ("admin.read", "admin.write", "mcp.read", "mcp.models", "mcp.runtime", "mcp.admin", "inference")
 IDENTITIES = ("admin-token", *SCOPES)
 METHODS = [m.name for m in build_registry()]
-PLACEHOLDERS = {"id": "A" * 24, "key": "no-such-setting"}
+PLACEHOLDERS = {"id": "A" * 24, "key": "no-such-setting", "name": "no-such-deployment"}
 
 
 def expected_api(method: str, who: str) -> int | str:

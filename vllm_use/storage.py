@@ -55,7 +55,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 OPTION = "--data-dir"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # DDL of each version, kept as plain SQL so a test can build an old database with stdlib sqlite3.
 # Never edit a published version; add a new one.
@@ -128,9 +128,28 @@ SCHEMA_V3: tuple[str, ...] = (
     )""",
     "CREATE INDEX download_tasks_model ON download_tasks (model_id)",
 )
+# Deployments: named, saved ways to serve a model (docs/router.md). `options` and `aliases` are JSON.
+SCHEMA_V4: tuple[str, ...] = (
+    """CREATE TABLE deployments (
+        name TEXT PRIMARY KEY,
+        model_id TEXT NOT NULL,
+        options TEXT NOT NULL,
+        aliases TEXT NOT NULL,
+        pinned INTEGER NOT NULL,
+        load_on_start INTEGER NOT NULL,
+        idle_timeout_s INTEGER NOT NULL,
+        idle_action TEXT NOT NULL,
+        stop_timeout_s INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    )""",
+    "CREATE INDEX deployments_model ON deployments (model_id)",
+)
 # SCHEMA_DDL[n] is the DDL that takes version n to n+1.
-SCHEMA_DDL: list[tuple[str, ...]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3]
-EXPECTED_TABLES = frozenset({"api_keys", "settings", "audit_records", "models", "download_tasks"})
+SCHEMA_DDL: list[tuple[str, ...]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4]
+EXPECTED_TABLES = frozenset(
+    {"api_keys", "settings", "audit_records", "models", "download_tasks", "deployments"}
+)
 
 # busy_timeout first so the journal_mode switch waits for another connection's lock instead of
 # failing; WAL lets readers proceed while the single writer thread commits.
@@ -238,12 +257,30 @@ class DownloadTaskTable(_Table):
         table_name = "download_tasks"
 
 
+class DeploymentTable(_Table):
+    name = peewee.TextField(primary_key=True, null=True)  # the served model name: the routing key
+    model_id = peewee.TextField(index=True)
+    options = peewee.TextField()  # JSON object: runtime options
+    aliases = peewee.TextField()  # JSON array of names
+    pinned = peewee.IntegerField()  # 0/1
+    load_on_start = peewee.IntegerField()  # 0/1
+    idle_timeout_s = peewee.IntegerField()
+    idle_action = peewee.TextField()  # sleep | stop
+    stop_timeout_s = peewee.IntegerField()
+    created_at = peewee.IntegerField()  # unix ms
+    updated_at = peewee.IntegerField()  # unix ms
+
+    class Meta:
+        table_name = "deployments"
+
+
 TABLES: tuple[type[peewee.Model], ...] = (
     ApiKeyTable,
     SettingTable,
     AuditTable,
     ModelTable,
     DownloadTaskTable,
+    DeploymentTable,
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from vllm_use.abilities import (
     api_keys,
+    deployments,
     downloads,
     gpu,
     models,
@@ -28,6 +29,7 @@ def register_all(registry: Registry) -> Registry:
     models.register(registry)
     downloads.register(registry)
     runtime.register(registry)
+    deployments.register(registry)
     api_keys.register(registry)
     settings.register(registry)
     requests.register(registry)

@@ -17,6 +17,7 @@ from pydantic import Field, StringConstraints
 
 from vllm_use.clock import now_ms
 from vllm_use.context import Call
+from vllm_use.deployments import store as deployment_store
 from vllm_use.errors import Conflict, InvalidArguments, NotFound
 from vllm_use.fields import NO_CONTROL, ModelId
 from vllm_use.models import files, records, store
@@ -191,6 +192,12 @@ async def delete(call: Call, args: DeleteArgs) -> dict[str, Any]:
             raise Conflict(f"model {record.id} is downloading; cancel the download first")
         if app.lifecycle.is_running(record.id, path):
             raise Conflict(f"model {record.id} is running; stop the runtime first")
+        serving = await app.db.query(deployment_store.using_model, record.id)
+        if serving:
+            raise Conflict(
+                f"model {record.id} is served by the deployments {', '.join(serving)}; delete them "
+                "or give them another model first"
+            )
         quarantined = None
         if args.files and record.dir:
             try:

@@ -1,0 +1,165 @@
+"""`deployments.*` (docs/router.md): named, saved ways to serve a registered model.
+
+A deployment's name is the `model` clients will send; its aliases are more such names. Names and
+aliases are unique across every deployment and the operator's `--model-aliases`. Its model must be
+registered and ready. Its options are runtime options, checked as `runtime.start` checks them
+(`trust_remote_code` needs `--allow-remote-code`), without `model`, `served_model_name` and `port`,
+which the deployment sets. Changes hold the lifecycle lock, as `models.delete` does, so a model
+cannot be deleted while a deployment that serves it is being saved (and a model that a deployment
+serves cannot be deleted at all: docs/models-and-downloads.md).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from vllm_use.abilities.models import load_model
+from vllm_use.context import Call
+from vllm_use.deployments import store
+from vllm_use.deployments.records import (
+    ALIASES_MAX,
+    IDLE_TIMEOUT_MAX_S,
+    STOP_TIMEOUT_MAX_S,
+    Deployment,
+    DeploymentName,
+    IdleAction,
+)
+from vllm_use.errors import Conflict, InvalidArguments, NotFound
+from vllm_use.executor import validation_error
+from vllm_use.fields import ModelId
+from vllm_use.models.records import ModelStatus
+from vllm_use.registry import Args, NoArgs, Registry, Result
+from vllm_use.runtime.options import Name, RuntimeOptions
+from vllm_use.scopes import READ, RUNTIME_WRITE
+
+
+class NameArgs(Args):
+    name: DeploymentName
+
+
+class UpdateArgs(Args):
+    """The name, then only the fields to change (absent: unchanged)."""
+
+    name: DeploymentName
+    model_id: ModelId | None = None
+    options: RuntimeOptions | None = Field(default=None, description="replaces the options as a whole")
+    aliases: list[Name] | None = Field(default=None, max_length=ALIASES_MAX, description="replaces the list")
+    pinned: bool | None = None
+    load_on_start: bool | None = None
+    idle_timeout_s: int | None = Field(default=None, ge=0, le=IDLE_TIMEOUT_MAX_S)
+    idle_action: IdleAction | None = Field(default=None, strict=False)
+    stop_timeout_s: int | None = Field(default=None, ge=1, le=STOP_TIMEOUT_MAX_S)
+
+
+class DeploymentOut(Result):
+    name: str
+    model_id: str
+    options: dict[str, Any] = Field(description="the options set, as given")
+    aliases: list[str]
+    pinned: bool
+    load_on_start: bool
+    idle_timeout_s: int
+    idle_action: IdleAction
+    stop_timeout_s: int
+    created_at: str
+    updated_at: str
+
+
+class DeploymentList(Result):
+    deployments: list[DeploymentOut]
+
+
+class Deleted(Result):
+    deleted: str
+
+
+async def list_deployments(call: Call, args: NoArgs) -> dict[str, Any]:
+    return {"deployments": await call.app.db.query(store.all_deployments)}
+
+
+async def get(call: Call, args: NameArgs) -> dict[str, Any]:
+    found = await call.app.db.query(store.deployment, args.name)
+    if found is None:
+        raise NotFound(f"no deployment named {args.name}")
+    return found
+
+
+async def create(call: Call, args: Deployment) -> dict[str, Any]:
+    async with call.app.lifecycle.lock:
+        await _check(call, args)
+        try:
+            return await call.app.db.query(store.insert, args)
+        except Exception as exc:  # a row of that name appeared after the check: only from outside
+            if "UNIQUE" in str(exc):
+                raise Conflict(f"a deployment named {args.name} exists") from None
+            raise
+
+
+async def update(call: Call, args: UpdateArgs) -> dict[str, Any]:
+    async with call.app.lifecycle.lock:
+        current = await get(call, NameArgs(name=args.name))
+        data = {key: current[key] for key in Deployment.model_fields}
+        data |= args.model_dump(mode="json", exclude_none=True, exclude={"name"})
+        try:  # validated as a whole: an alias may not repeat the name
+            changed = Deployment.model_validate_json(json.dumps(data))
+        except ValidationError as exc:
+            raise validation_error(exc, Deployment) from None
+        await _check(call, changed)
+        saved = await call.app.db.query(store.replace, changed)
+        if saved is None:
+            raise NotFound(f"no deployment named {args.name}")
+        return saved
+
+
+async def delete(call: Call, args: NameArgs) -> dict[str, Any]:
+    async with call.app.lifecycle.lock:
+        if not await call.app.db.query(store.delete, args.name):
+            raise NotFound(f"no deployment named {args.name}")
+    return {"deleted": args.name}
+
+
+async def _check(call: Call, deployment: Deployment) -> None:
+    """What the input model cannot know: the model is ready, the names are free, the options are
+    allowed by the operator. Caller holds the lifecycle lock."""
+    record = await load_model(call, deployment.model_id)
+    if record.status is not ModelStatus.READY:
+        raise Conflict(f"model {record.id} is {record.status}; only ready models can be deployed")
+    if deployment.options.trust_remote_code and not call.app.config.allow_remote_code:
+        raise InvalidArguments(
+            "invalid arguments: options.trust_remote_code: vLLM would run Python code shipped with the "
+            "model; the operator must start vllm-use with --allow-remote-code to allow it",
+            errors=[{"loc": ["options", "trust_remote_code"], "msg": "needs --allow-remote-code"}],
+        )
+    taken: dict[str, str] = {alias: "an alias of --model-aliases" for alias in call.app.config.model_aliases}
+    for other in await call.app.db.query(store.all_deployments):
+        if other["name"] != deployment.name:
+            taken |= {name: f"deployment {other['name']}" for name in (other["name"], *other["aliases"])}
+    for name in (deployment.name, *deployment.aliases):
+        if name in taken:
+            raise Conflict(f"the name {name} is taken by {taken[name]}")
+
+
+def register(registry: Registry) -> None:
+    registry.method(
+        "deployments.list", "Saved deployments: named ways to serve a model.", NoArgs, DeploymentList, READ
+    )(list_deployments)
+    registry.method("deployments.get", "One deployment by name.", NameArgs, DeploymentOut, READ)(get)
+    registry.method(
+        "deployments.create",
+        "Save a deployment: a name clients send as `model`, a ready model, runtime options, aliases, "
+        "and what to do when idle. Names and aliases are unique across deployments and --model-aliases.",
+        Deployment,
+        DeploymentOut,
+        RUNTIME_WRITE,
+    )(create)
+    registry.method(
+        "deployments.update",
+        "Change a deployment's fields (those given; options and aliases are replaced as a whole).",
+        UpdateArgs,
+        DeploymentOut,
+        RUNTIME_WRITE,
+    )(update)
+    registry.method("deployments.delete", "Delete a deployment.", NameArgs, Deleted, RUNTIME_WRITE)(delete)

@@ -1,0 +1,1 @@
+"""Deployments: named, saved ways to serve a registered model (docs/router.md)."""
