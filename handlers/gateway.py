@@ -23,6 +23,7 @@ from tornado.iostream import StreamClosedError
 
 from handlers.base import JsonHandler
 from vllm_use.errors import (
+    Conflict,
     InvalidArguments,
     NotFound,
     OffsetGone,
@@ -212,9 +213,7 @@ class RelayHandler(GatewaySurface):
         try:
             raw = self.body
             # Off the IOLoop for big bodies: scanning 16 MiB takes a while (vllm_use/gateway/aliases.py).
-            body, self.model_sent, self.streamed = await prepare_body_async(
-                raw, self.app.config.model_aliases
-            )
+            body, self.model_sent, self.streamed = await prepare_body_async(raw, self.app.instances.aliases)
         except (PayloadTooLarge, InvalidArguments) as exc:
             self.fail(exc)  # nothing was sent upstream
             return
@@ -258,8 +257,8 @@ class RelayHandler(GatewaySurface):
 
     async def _relay(self, method: str, body: bytes | None, rewrite: Any = None) -> None:
         try:
-            origin, upstream_key = self.app.upstream_target()
-        except UpstreamUnavailable as exc:
+            origin, upstream_key = self.app.upstream_target(self.model_sent)
+        except (UpstreamUnavailable, Conflict) as exc:
             self.fail(exc)  # nothing was sent upstream
             return
         headers = forward_headers(list(self.request.headers.get_all()), upstream_key, self.request_id)

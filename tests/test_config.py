@@ -228,6 +228,14 @@ def test_integer_options_accept_their_bounds_and_refuse_one_past(
     assert refusal(f"{flag}={hi + 1}").option == flag
 
 
+def test_runtime_ports_take_a_range_of_at_most_1000_ports_from_1024() -> None:
+    assert parse().runtime_ports == range(8100, 8200)
+    assert parse("--runtime-ports", "1024-2023").runtime_ports == range(1024, 2024)  # 1000 ports
+    assert parse("--runtime-ports", "65535-65535").runtime_ports == range(65535, 65536)
+    for bad in ("1023-1100", "1024-2024", "9000-8999", "8100", "8100-", "8100-65536", "a-b", "8100 - 8200"):
+        assert refusal(f"--runtime-ports={bad}").option == "--runtime-ports", bad
+
+
 @pytest.mark.parametrize("value", ["1.5", "", " ", "0x10", "1e3", "+5", "٣"])
 def test_non_integer_port_is_refused(value: str) -> None:
     assert refusal(f"--port={value}").option == "--port"

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.server import Server, start_server
+from tests.fakes import fake_vllm_bin
+from tests.support.server import Server, eventually, free_port, start_server
 from vllm_use.deployments.records import ALIASES_MAX, IDLE_TIMEOUT_MAX_S, STOP_TIMEOUT_MAX_S
 
 
@@ -54,7 +55,14 @@ def test_a_deployment_is_saved_with_its_defaults_and_read_back(server: Server, m
     r = create(server, {"name": "llama", "model_id": model_id, "options": {"max_model_len": 4096}})
     assert r.status_code == 201, r.text
     saved = r.json()
-    assert {k: v for k, v in saved.items() if not k.endswith("_at")} == {
+    assert saved["instance"] == {
+        "state": "unloaded",
+        "port": None,
+        "pid": None,
+        "error": None,
+        "last_lines": [],
+    }
+    assert {k: v for k, v in saved.items() if not k.endswith("_at") and k != "instance"} == {
         "name": "llama",
         "model_id": model_id,
         "options": {"max_model_len": 4096},
@@ -233,3 +241,101 @@ def test_mcp_sees_the_same_methods_with_its_own_scopes(server: Server, model_id:
     assert refused["error"]["message"] == "Unknown tool: deployments.create", refused
     listed = call("deployments.list", {}, read_key)["result"]["structuredContent"]
     assert [d["name"] for d in listed["deployments"]] == ["llama"]
+
+
+# --- instances: load, route, unload ----------------------------------------------------------------
+
+START_TIMEOUT_S = 60  # the fake is healthy within a second; the bound only ends a hang
+
+
+@pytest.fixture
+def router(tmp_path: Path) -> Iterator[Server]:
+    """A server whose deployments run the fake vLLM on a few free ports."""
+    vllm = fake_vllm_bin(tmp_path / "bin", max_lifetime=300)
+    first = free_port()
+    srv = start_server(tmp_path / "data", "--vllm-bin", str(vllm), "--runtime-ports", f"{first}-{first + 9}")
+    yield srv
+    srv.stop()
+
+
+def load(server: Server, name: str) -> Any:
+    return server.fetch(
+        f"/api/deployments/{name}/load?wait={START_TIMEOUT_S}", "POST", timeout=START_TIMEOUT_S + 10
+    )
+
+
+def chat(server: Server, secret: str, model: str) -> Any:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    return server.fetch(
+        "/v1/chat/completions", "POST", json=body, token=None, headers={"Authorization": f"Bearer {secret}"}
+    )
+
+
+def test_a_loaded_deployment_answers_by_name_and_alias_and_unloads(router: Server) -> None:
+    model_id = register(router, "alpha")
+    body = {
+        "name": "llama",
+        "model_id": model_id,
+        "aliases": ["ll"],
+        "options": {"start_timeout_s": START_TIMEOUT_S},
+    }
+    assert create(router, body).status_code == 201
+    secret = router.create_key("inference")[1]
+    r = chat(router, secret, "llama")
+    assert r.status_code == 409 and "not loaded" in r.json()["error"]["message"], r.text
+
+    r = load(router, "llama")
+    assert r.status_code == 200, r.text
+    loaded = r.json()
+    assert loaded["state"] == "ready" and loaded["name"] == "llama" and loaded["pid"], loaded
+    instance = router.fetch("/api/deployments/llama").json()["instance"]
+    assert instance["state"] == "ready" and instance["port"] == loaded["port"]
+    for model in ("llama", "ll"):  # the alias is rewritten to the served name the instance knows
+        r = chat(router, secret, model)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == "llama"
+    assert load(router, "llama").status_code == 409  # loaded already
+
+    r = router.fetch("/api/deployments/llama/unload", "POST")
+    assert r.status_code == 200 and r.json()["state"] == "unloaded", r.text
+    assert not _alive(loaded["pid"])
+    assert chat(router, secret, "llama").status_code == 409
+
+
+def test_two_deployments_run_side_by_side_and_delete_stops_its_instance(router: Server) -> None:
+    first, second = register(router, "alpha"), register(router, "beta")
+    options = {"start_timeout_s": START_TIMEOUT_S}
+    assert create(router, {"name": "one", "model_id": first, "options": options}).status_code == 201
+    assert create(router, {"name": "two", "model_id": second, "options": options}).status_code == 201
+    one, two = load(router, "one").json(), load(router, "two").json()
+    assert one["state"] == two["state"] == "ready" and one["port"] != two["port"]
+    secret = router.create_key("inference")[1]
+    assert chat(router, secret, "one").json()["model"] == "one"
+    assert chat(router, secret, "two").json()["model"] == "two"
+    assert router.fetch(f"/api/models/{first}", "DELETE").status_code == 409
+    r = router.fetch("/api/deployments/one", "DELETE")
+    assert r.status_code == 200, r.text
+    assert not _alive(one["pid"])
+    assert chat(router, secret, "one").status_code != 200
+    assert chat(router, secret, "two").status_code == 200
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except FileNotFoundError:
+        return False
+
+
+def test_sigkill_of_vllm_use_takes_every_instance_with_it(router: Server) -> None:
+    model_id = register(router, "alpha")
+    options = {"start_timeout_s": START_TIMEOUT_S}
+    pids = []
+    for name in ("one", "two"):
+        assert create(router, {"name": name, "model_id": model_id, "options": options}).status_code == 201
+        pids.append(load(router, name).json()["pid"])
+    assert all(_alive(pid) for pid in pids)
+    router.proc.kill()
+    router.proc.wait(10)
+    # Each instance's reaper sees its parent die and kills its group (docs/runtime.md).
+    eventually(lambda: not any(_alive(pid) for pid in pids), timeout=30)

@@ -47,6 +47,8 @@ EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
     "deployments.create": ("admin.write", "mcp.runtime"),
     "deployments.update": ("admin.write", "mcp.runtime"),
     "deployments.delete": ("admin.write", "mcp.runtime"),
+    "deployments.load": ("admin.write", "mcp.runtime"),
+    "deployments.unload": ("admin.write", "mcp.runtime"),
     "api_keys.list": ("admin.read", "mcp.admin"),
     "api_keys.create": ("admin.write", "mcp.admin"),
     "api_keys.enable": ("admin.write", "mcp.admin"),

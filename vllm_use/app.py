@@ -28,8 +28,10 @@ from vllm_use import fsafety
 from vllm_use.abilities import build_registry
 from vllm_use.config import Config
 from vllm_use.context import AppContext
+from vllm_use.deployments import store as deployment_store
+from vllm_use.deployments.instances import Instances
 from vllm_use.downloads.manager import DownloadManager
-from vllm_use.errors import ConfigError
+from vllm_use.errors import ConfigError, CorruptRecord
 from vllm_use.executor import Executor
 from vllm_use.gateway.audit import AuditWriter
 from vllm_use.gateway.live import LiveRequests
@@ -84,6 +86,11 @@ def build_context(config: Config) -> AppContext:
         db.close()
         raise
     auth = Authenticator(db, token)
+    instances = Instances(config)
+    try:
+        instances.set_names(db.query_sync(deployment_store.all_deployments))
+    except CorruptRecord as exc:  # reported by deployments.list too; the rest of the server runs
+        log.warning("deployments are not routed until this is fixed: %s", exc.message)
     app = AppContext(
         config=config,
         db=db,
@@ -95,8 +102,10 @@ def build_context(config: Config) -> AppContext:
         upstream_pool=UpstreamPool(),
         streams=StreamRegistry(),
         live=LiveRequests(),
+        instances=instances,
     )
     app.lifecycle.add_running_check(app.runtime.is_running)
+    app.lifecycle.add_running_check(app.instances.is_running)
     return app
 
 
@@ -160,6 +169,7 @@ async def run(app: AppContext) -> int:
     persisted = await app.downloads.shutdown()
     try:
         await app.runtime.shutdown()
+        await app.instances.shutdown()
     except Exception:
         log.exception("could not stop the runtime cleanly")
         persisted = False

@@ -150,6 +150,22 @@ def _upstream(values: _Values, name: str) -> str:
     return validate_upstream(_text(max_len=2048)(values, name), values.label(name))
 
 
+PORT_RANGE_MAX = 1000
+
+
+def _port_range(values: _Values, name: str) -> range:
+    """`FIRST-LAST`, both from 1024 to 65535, at most `PORT_RANGE_MAX` ports."""
+    text = _text(max_len=16)(values, name).strip()
+    found = re.fullmatch(r"([0-9]{4,5})-([0-9]{4,5})", text)
+    first, last = (int(found.group(1)), int(found.group(2))) if found else (0, -1)
+    if not (1024 <= first <= last <= 65535 and last - first < PORT_RANGE_MAX):
+        raise ConfigError(
+            values.label(name),
+            f"must be FIRST-LAST, ports from 1024 to 65535, at most {PORT_RANGE_MAX} of them, got {text!r}",
+        )
+    return range(first, last + 1)
+
+
 def _log_level(values: _Values, name: str) -> str:
     level = _text(max_len=16)(values, name).lower()
     if level not in LOG_LEVELS:
@@ -229,6 +245,11 @@ class Config:
     )
     runtime_port: int = field(
         metadata=option("port the supervised vllm serve listens on", 8000, _integer(1, 65535))
+    )
+    runtime_ports: range = field(
+        metadata=option(
+            "ports for the deployments' vLLM instances, FIRST-LAST (docs/router.md)", "8100-8199", _port_range
+        )
     )
     allow_remote_code: bool = field(
         metadata=option(

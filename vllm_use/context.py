@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_use.config import Config
-from vllm_use.errors import UpstreamUnavailable
+from vllm_use.errors import Conflict, UpstreamUnavailable
 from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import RuntimeState
 from vllm_use.scopes import Identity, Surface
 
 if TYPE_CHECKING:
+    from vllm_use.deployments.instances import Instances
     from vllm_use.downloads.manager import DownloadManager
     from vllm_use.gateway.audit import AuditWriter
     from vllm_use.gateway.live import LiveRequests
@@ -39,6 +40,7 @@ class AppContext:
     upstream_pool: UpstreamPool
     streams: StreamRegistry
     live: LiveRequests  # open /v1 requests by key id, closed when the key is revoked
+    instances: Instances  # the deployments' vLLM children (docs/router.md)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
@@ -51,14 +53,26 @@ class AppContext:
         child = self.runtime.child
         return f"http://127.0.0.1:{child.port if child else self.config.runtime_port}"
 
-    def upstream_target(self) -> tuple[str, str | None]:
+    def upstream_target(self, model: str | None = None) -> tuple[str, str | None]:
         """The origin the gateway relays to now and the Bearer key to inject there.
 
-        With an explicit --upstream: that origin and --upstream-api-key, as configured. Otherwise
-        only a supervised child in state `ready`, with its own key (docs/runtime.md): a port whose
-        child is starting, failed or gone may already belong to another process, so nothing is
-        sent there. Raises `UpstreamUnavailable` (502) before any connection is attempted.
+        A `model` that names a deployment (or one of its aliases) goes to that deployment's
+        instance when it is ready, else nowhere: Conflict (409), nothing is sent (docs/router.md).
+        Any other model: with an explicit --upstream, that origin and --upstream-api-key, as
+        configured; otherwise only the runtime's supervised child in state `ready`, with its own key
+        (docs/runtime.md): a port whose child is starting, failed or gone may already belong to
+        another process, so nothing is sent there. Raises `UpstreamUnavailable` (502) before any
+        connection is attempted.
         """
+        deployment = self.instances.names.get(model) if model is not None else None
+        if deployment is not None:
+            found = self.instances.target(deployment)
+            if found is None:
+                raise Conflict(
+                    f"the model {model} is not loaded: load the deployment {deployment} with "
+                    "deployments.load (POST /api/deployments/{name}/load)"
+                )
+            return found
         if self.config.upstream_explicit:
             return self.config.upstream, self.config.upstream_api_key
         child = self.runtime.child

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from vllm_use.abilities.models import load_model
+from vllm_use.abilities.runtime import Wait, ready_model_path
 from vllm_use.context import Call
 from vllm_use.deployments import store
 from vllm_use.deployments.records import (
@@ -54,6 +55,14 @@ class UpdateArgs(Args):
     stop_timeout_s: int | None = Field(default=None, ge=1, le=STOP_TIMEOUT_MAX_S)
 
 
+class InstanceOut(Result):
+    state: str = Field(description="unloaded, starting, ready, stopping or failed")
+    port: int | None
+    pid: int | None
+    error: str | None
+    last_lines: list[str] = Field(description="when failed: vLLM's last lines")
+
+
 class DeploymentOut(Result):
     name: str
     model_id: str
@@ -66,6 +75,7 @@ class DeploymentOut(Result):
     stop_timeout_s: int
     created_at: str
     updated_at: str
+    instance: InstanceOut = Field(description="its vLLM child now")
 
 
 class DeploymentList(Result):
@@ -76,31 +86,54 @@ class Deleted(Result):
     deleted: str
 
 
+class LoadArgs(NameArgs):
+    wait: Wait = 0
+
+
+class Loaded(InstanceOut):
+    name: str
+
+
+def _with_instance(call: Call, deployment: dict[str, Any]) -> dict[str, Any]:
+    return {**deployment, "instance": call.app.instances.status(deployment["name"])}
+
+
+async def _refresh_names(call: Call) -> None:
+    """After a change of the table: the gateway's lookup of names and aliases follows it."""
+    call.app.instances.set_names(await call.app.db.query(store.all_deployments))
+
+
 async def list_deployments(call: Call, args: NoArgs) -> dict[str, Any]:
-    return {"deployments": await call.app.db.query(store.all_deployments)}
+    return {"deployments": [_with_instance(call, d) for d in await call.app.db.query(store.all_deployments)]}
+
+
+async def _saved(call: Call, name: str) -> dict[str, Any]:
+    found = await call.app.db.query(store.deployment, name)
+    if found is None:
+        raise NotFound(f"no deployment named {name}")
+    return found
 
 
 async def get(call: Call, args: NameArgs) -> dict[str, Any]:
-    found = await call.app.db.query(store.deployment, args.name)
-    if found is None:
-        raise NotFound(f"no deployment named {args.name}")
-    return found
+    return _with_instance(call, await _saved(call, args.name))
 
 
 async def create(call: Call, args: Deployment) -> dict[str, Any]:
     async with call.app.lifecycle.lock:
         await _check(call, args)
         try:
-            return await call.app.db.query(store.insert, args)
+            saved = await call.app.db.query(store.insert, args)
         except Exception as exc:  # a row of that name appeared after the check: only from outside
             if "UNIQUE" in str(exc):
                 raise Conflict(f"a deployment named {args.name} exists") from None
             raise
+        await _refresh_names(call)
+    return _with_instance(call, saved)
 
 
 async def update(call: Call, args: UpdateArgs) -> dict[str, Any]:
     async with call.app.lifecycle.lock:
-        current = await get(call, NameArgs(name=args.name))
+        current = await _saved(call, args.name)
         data = {key: current[key] for key in Deployment.model_fields}
         data |= args.model_dump(mode="json", exclude_none=True, exclude={"name"})
         try:  # validated as a whole: an alias may not repeat the name
@@ -111,14 +144,46 @@ async def update(call: Call, args: UpdateArgs) -> dict[str, Any]:
         saved = await call.app.db.query(store.replace, changed)
         if saved is None:
             raise NotFound(f"no deployment named {args.name}")
-        return saved
+        await _refresh_names(call)
+    return _with_instance(call, saved)
 
 
 async def delete(call: Call, args: NameArgs) -> dict[str, Any]:
+    """Unloads it first (its instance is stopped), then deletes it."""
     async with call.app.lifecycle.lock:
+        saved = await _saved(call, args.name)
+        await call.app.instances.stop(args.name, grace_s=saved["stop_timeout_s"])
         if not await call.app.db.query(store.delete, args.name):
             raise NotFound(f"no deployment named {args.name}")
+        call.app.instances.forget(args.name)
+        await _refresh_names(call)
     return {"deleted": args.name}
+
+
+async def load(call: Call, args: LoadArgs) -> dict[str, Any]:
+    """Start the deployment's instance; 202 with state starting, or the outcome within `wait`."""
+    instances = call.app.instances
+    async with call.app.lifecycle.lock:
+        saved = await _saved(call, args.name)
+        supervisor = instances.supervisor(args.name)
+        if supervisor is not None and supervisor.state.live:
+            raise Conflict(
+                f"deployment {args.name} is {supervisor.state}; unload it first", state=supervisor.state.value
+            )
+        _, path = await ready_model_path(call, saved["model_id"])  # just before the spawn
+        child = instances.spawn(saved, path)
+        supervisor = instances.supervisor(args.name)
+        assert supervisor is not None
+    await supervisor.wait_settled(child, args.wait)
+    return {"name": args.name, **instances.status(args.name)}
+
+
+async def unload(call: Call, args: NameArgs) -> dict[str, Any]:
+    """Stop the deployment's instance: SIGTERM, SIGKILL after its stop_timeout_s (at once while loading)."""
+    async with call.app.lifecycle.lock:
+        saved = await _saved(call, args.name)
+        status = await call.app.instances.stop(args.name, grace_s=saved["stop_timeout_s"])
+    return {"name": args.name, **status}
 
 
 async def _check(call: Call, deployment: Deployment) -> None:
@@ -162,4 +227,26 @@ def register(registry: Registry) -> None:
         DeploymentOut,
         RUNTIME_WRITE,
     )(update)
-    registry.method("deployments.delete", "Delete a deployment.", NameArgs, Deleted, RUNTIME_WRITE)(delete)
+    registry.method(
+        "deployments.delete",
+        "Delete a deployment (its instance is stopped first).",
+        NameArgs,
+        Deleted,
+        RUNTIME_WRITE,
+    )(delete)
+    registry.method(
+        "deployments.load",
+        "Start a deployment's vLLM instance on a port of --runtime-ports. Answers at once with state "
+        "starting (HTTP 202); with wait (seconds) once the start settles: ready, failed (with vLLM's "
+        "last lines) or canceled by deployments.unload (conflict).",
+        LoadArgs,
+        Loaded,
+        RUNTIME_WRITE,
+    )(load)
+    registry.method(
+        "deployments.unload",
+        "Stop a deployment's vLLM instance (a start still loading is canceled).",
+        NameArgs,
+        Loaded,
+        RUNTIME_WRITE,
+    )(unload)

@@ -147,7 +147,9 @@ async def _direct_target(call: Call, model: str) -> tuple[str, Path | None]:
     return str(real), real
 
 
-async def _switch_target(call: Call, model_id: str) -> tuple[records.ModelRecord, Path]:
+async def ready_model_path(call: Call, model_id: str) -> tuple[records.ModelRecord, Path]:
+    """The record of a ready model and its real directory under the models root, checked just before
+    a spawn (runtime.switch, deployments.load); Conflict when it is not ready or not there."""
     record = await load_model(call, model_id)
     if record.status is not records.ModelStatus.READY or not record.dir:
         raise Conflict(f"model {record.id} is {record.status}; only ready models can run")
@@ -221,13 +223,13 @@ async def switch(call: Call, args: SwitchArgs) -> dict[str, Any]:
         raise _bad("options.model", "runtime.switch takes the model from the registry; leave it out")
     runtime = call.app.runtime
     async with call.app.lifecycle.lock:
-        record, path = await _switch_target(call, args.model_id)
+        record, path = await ready_model_path(call, args.model_id)
         if options.served_model_name is None and re.fullmatch(NAME_PATTERN, record.name):
             options = options.model_copy(update={"served_model_name": record.name})
         _check_argv(call, str(path), options)
         _one_start_at_a_time(runtime)
         await runtime.stop()
-        record, path = await _switch_target(call, args.model_id)  # re-checked just before spawn
+        record, path = await ready_model_path(call, args.model_id)  # re-checked just before spawn
         child = runtime.spawn(str(path), options, active_model_id=record.id, model_path=path)
     return _with_upstream(call, await runtime.wait_settled(child, args.wait))
 
@@ -246,7 +248,7 @@ async def restart(call: Call, args: RestartArgs) -> dict[str, Any]:
         _one_start_at_a_time(runtime)
         active, model_path = current.active_model_id, current.model_path
         if active:
-            _, model_path = await _switch_target(call, active)
+            _, model_path = await ready_model_path(call, active)
         elif options.model is not None:
             model, model_path = await _direct_target(call, options.model)
         await runtime.stop()
