@@ -261,6 +261,19 @@ class RelayHandler(GatewaySurface):
         except (UpstreamUnavailable, Conflict) as exc:
             self.fail(exc)  # nothing was sent upstream
             return
+        # A deployment's instance counts this request in flight: it is not idle until it ends.
+        deployment = self.app.instances.names.get(self.model_sent) if self.model_sent else None
+        if deployment is not None:
+            self.app.instances.begin(deployment)
+        try:
+            await self._relay_to(origin, upstream_key, method, body, rewrite)
+        finally:
+            if deployment is not None:
+                self.app.instances.end(deployment)
+
+    async def _relay_to(
+        self, origin: str, upstream_key: str | None, method: str, body: bytes | None, rewrite: Any
+    ) -> None:
         headers = forward_headers(list(self.request.headers.get_all()), upstream_key, self.request_id)
         upstream = self.app.upstream_pool.stream(method, origin + self.request.uri, headers.items(), body)
         self._upstream = upstream

@@ -8,6 +8,7 @@ about what is saved.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,9 @@ def test_a_deployment_is_saved_with_its_defaults_and_read_back(server: Server, m
         "pid": None,
         "error": None,
         "last_lines": [],
+        "in_flight": 0,
+        "last_used": None,
+        "idle_deadline": None,
     }
     assert {k: v for k, v in saved.items() if not k.endswith("_at") and k != "instance"} == {
         "name": "llama",
@@ -214,7 +218,11 @@ def test_deployments_are_kept_across_a_restart_and_a_hand_edited_row_is_reported
         server.stop()
     server = start_server(tmp_path / "data")
     try:
-        assert server.fetch("/api/deployments").json() == {"deployments": [first]}
+        (again,) = server.fetch("/api/deployments").json()["deployments"]
+        assert {**again, "instance": None} == {
+            **first,
+            "instance": None,
+        }  # (its load at start is another test)
     finally:
         server.stop()
     with sqlite3.connect(tmp_path / "data" / "vllm-use.db") as db:
@@ -339,3 +347,86 @@ def test_sigkill_of_vllm_use_takes_every_instance_with_it(router: Server) -> Non
     router.proc.wait(10)
     # Each instance's reaper sees its parent die and kills its group (docs/runtime.md).
     eventually(lambda: not any(_alive(pid) for pid in pids), timeout=30)
+
+
+def test_an_idle_instance_is_stopped_after_its_timeout_counted_from_its_last_request(tmp_path: Path) -> None:
+    """The timer starts when the instance is ready and again when a request ends; a request in
+    flight holds it off (the fake streams slowly here, for longer than the timeout)."""
+    vllm = fake_vllm_bin(tmp_path / "bin", max_lifetime=300, token_seconds=0.05)
+    first = free_port()
+    router = start_server(
+        tmp_path / "data", "--vllm-bin", str(vllm), "--runtime-ports", f"{first}-{first + 9}"
+    )
+    try:
+        model_id = register(router, "alpha")
+        idle_s = 3
+        options = {"start_timeout_s": START_TIMEOUT_S}
+        body = {"name": "llama", "model_id": model_id, "idle_timeout_s": idle_s, "options": options}
+        assert create(router, body).status_code == 201
+        loaded = load(router, "llama").json()
+        assert loaded["state"] == "ready" and loaded["idle_deadline"] is not None
+        secret = router.create_key("inference")[1]
+        # A stream that outlasts the timeout (400 pieces, 0.05 s apart): the instance stays while it runs.
+        slow = {
+            "model": "llama",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 400,
+            "stream": True,
+        }
+        url, auth = router.base_url + "/v1/chat/completions", {"Authorization": f"Bearer {secret}"}
+        with router.client.stream("POST", url, json=slow, headers=auth) as r:
+            assert r.status_code == 200
+            chunks = r.iter_raw()
+            next(chunks)
+            instance = router.fetch("/api/deployments/llama").json()["instance"]
+            assert instance["in_flight"] == 1 and instance["idle_deadline"] is None
+            started = time.monotonic()
+            for _ in chunks:
+                if time.monotonic() - started > idle_s + 1:
+                    break
+            assert router.fetch("/api/deployments/llama").json()["instance"]["state"] == "ready"
+
+        def idle_again() -> dict[str, Any] | None:
+            instance = router.fetch("/api/deployments/llama").json()["instance"]
+            return instance if instance["in_flight"] == 0 and instance["idle_deadline"] else None
+
+        instance = eventually(idle_again, timeout=10)
+        assert instance["idle_deadline"] > instance["last_used"]
+
+        def unloaded() -> bool:
+            return router.fetch("/api/deployments/llama").json()["instance"]["state"] == "unloaded"
+
+        eventually(unloaded, timeout=idle_s + 30)
+        assert not _alive(loaded["pid"])
+    finally:
+        router.stop()
+
+
+def test_load_on_start_loads_at_boot_and_the_others_are_listed_unloaded(tmp_path: Path) -> None:
+    vllm = fake_vllm_bin(tmp_path / "bin", max_lifetime=300)
+    first = free_port()
+    flags = ("--vllm-bin", str(vllm), "--runtime-ports", f"{first}-{first + 9}")
+    server = start_server(tmp_path / "data", *flags)
+    try:
+        model_id = register(server, "alpha")
+        options = {"start_timeout_s": START_TIMEOUT_S}
+        for name, at_start in (("boot", True), ("later", False)):
+            body = {"name": name, "model_id": model_id, "load_on_start": at_start, "options": options}
+            assert create(server, body).status_code == 201
+    finally:
+        server.stop()
+    server = start_server(tmp_path / "data", *flags)
+    try:
+
+        def states() -> dict[str, str]:
+            listed = server.fetch("/api/deployments").json()["deployments"]
+            return {d["name"]: d["instance"]["state"] for d in listed}
+
+        eventually(lambda: states() == {"boot": "ready", "later": "unloaded"}, timeout=START_TIMEOUT_S)
+        secret = server.create_key("inference")[1]
+        assert chat(server, secret, "boot").status_code == 200
+        assert chat(server, secret, "later").status_code == 409
+        pid = server.fetch("/api/deployments/boot").json()["instance"]["pid"]
+    finally:
+        server.stop()
+    assert not _alive(pid)  # a clean stop of vllm-use stops its instances

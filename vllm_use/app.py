@@ -25,7 +25,7 @@ from handlers import api, events, gateway, mcp, static
 from handlers.base import NotFoundJson
 from handlers.server import GuardedHTTPServer, connection_limit
 from vllm_use import fsafety
-from vllm_use.abilities import build_registry
+from vllm_use.abilities import build_registry, deployments
 from vllm_use.config import Config
 from vllm_use.context import AppContext
 from vllm_use.deployments import store as deployment_store
@@ -39,6 +39,7 @@ from vllm_use.gateway.streams import StreamRegistry
 from vllm_use.gateway.upstream import UpstreamPool
 from vllm_use.keys.authenticator import FLUSH_S, Authenticator
 from vllm_use.recovery import recover
+from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import Supervisor
 from vllm_use.storage import Database
 
@@ -86,7 +87,8 @@ def build_context(config: Config) -> AppContext:
         db.close()
         raise
     auth = Authenticator(db, token)
-    instances = Instances(config)
+    lifecycle = Lifecycle()
+    instances = Instances(config, lifecycle)
     try:
         instances.set_names(db.query_sync(deployment_store.all_deployments))
     except CorruptRecord as exc:  # reported by deployments.list too; the rest of the server runs
@@ -103,6 +105,7 @@ def build_context(config: Config) -> AppContext:
         streams=StreamRegistry(),
         live=LiveRequests(),
         instances=instances,
+        lifecycle=lifecycle,
     )
     app.lifecycle.add_running_check(app.runtime.is_running)
     app.lifecycle.add_running_check(app.instances.is_running)
@@ -146,6 +149,7 @@ async def run(app: AppContext) -> int:
     # generation-2 collection stalls the loop for 40-100 ms now and then under load.
     gc.collect()
     gc.freeze()
+    loading = asyncio.ensure_future(deployments.load_at_start(app))
     log.info(
         "vllm-use listening on http://%s:%d (at most %d connections)",
         config.host,
@@ -162,6 +166,7 @@ async def run(app: AppContext) -> int:
     app.streams.start_gc()
     await stop.wait()
     log.info("shutting down")
+    loading.cancel()  # no deployment starts loading from here
     app.stopping.set()  # event streams end
     app.streams.close()  # attached generations stop
     flusher.stop()

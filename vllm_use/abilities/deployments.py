@@ -12,13 +12,14 @@ serves cannot be deleted at all: docs/models-and-downloads.md).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from pydantic import Field, ValidationError
 
 from vllm_use.abilities.models import load_model
 from vllm_use.abilities.runtime import Wait, ready_model_path
-from vllm_use.context import Call
+from vllm_use.context import AppContext, Call
 from vllm_use.deployments import store
 from vllm_use.deployments.records import (
     ALIASES_MAX,
@@ -28,13 +29,15 @@ from vllm_use.deployments.records import (
     DeploymentName,
     IdleAction,
 )
-from vllm_use.errors import Conflict, InvalidArguments, NotFound
+from vllm_use.errors import Conflict, InvalidArguments, NotFound, VllmUseError
 from vllm_use.executor import validation_error
 from vllm_use.fields import ModelId
 from vllm_use.models.records import ModelStatus
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.runtime.options import Name, RuntimeOptions
-from vllm_use.scopes import READ, RUNTIME_WRITE
+from vllm_use.scopes import READ, RUNTIME_WRITE, Identity, Surface
+
+log = logging.getLogger(__name__)
 
 
 class NameArgs(Args):
@@ -61,6 +64,9 @@ class InstanceOut(Result):
     pid: int | None
     error: str | None
     last_lines: list[str] = Field(description="when failed: vLLM's last lines")
+    in_flight: int = Field(description="/v1 requests it is answering now")
+    last_used: str | None = Field(description="when its last request ended")
+    idle_deadline: str | None = Field(description="when idle_action runs, if it stays idle")
 
 
 class DeploymentOut(Result):
@@ -250,3 +256,15 @@ def register(registry: Registry) -> None:
         Loaded,
         RUNTIME_WRITE,
     )(unload)
+
+
+async def load_at_start(app: AppContext) -> None:
+    """vllm-use just started: load the deployments with load_on_start, in name order. A failure is
+    logged and shown on the deployment; the others still load."""
+    call = Call(app, Identity("admin_token", None, frozenset()), Surface.API)  # the operator's choice
+    for saved in await app.db.query(store.all_deployments):
+        if saved["load_on_start"]:
+            try:
+                await load(call, LoadArgs(name=saved["name"]))
+            except VllmUseError as exc:
+                log.warning("deployment %s was not loaded at start: %s", saved["name"], exc.message)

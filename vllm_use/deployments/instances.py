@@ -11,28 +11,51 @@ per request. The abilities keep it current (`set_names`) after each change of th
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import socket
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_use.clock import iso
 from vllm_use.config import Config
 from vllm_use.errors import Conflict
+from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.options import RuntimeOptions
 from vllm_use.runtime.supervisor import Child, RuntimeState, Supervisor
+
+log = logging.getLogger(__name__)
 
 UNLOADED = "unloaded"
 
 
+@dataclass
+class _Use:
+    """How an instance is used: requests in flight, the end of the last one, the idle timer."""
+
+    in_flight: int = 0
+    last_used: float | None = None  # time.time() at the end of the last request
+    idle_deadline: float | None = None  # time.time() when the idle action runs
+    timer: asyncio.TimerHandle | None = None
+
+
 class Instances:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, lifecycle: Lifecycle) -> None:
         self.config = config
+        self.lifecycle = lifecycle
         self._supervisors: dict[str, Supervisor] = {}
+        self._use: dict[str, _Use] = {}
+        self._saved: dict[str, dict[str, Any]] = {}  # the deployments as saved, by name
         self.names: dict[str, str] = {}  # a deployment's name or alias → its name
         # What the gateway rewrites `model` from and to: --model-aliases and the deployments' aliases.
         self.aliases: dict[str, str] = dict(config.model_aliases)
 
     def set_names(self, deployments: list[dict[str, Any]]) -> None:
+        """The deployments as saved now (after each change of the table)."""
+        self._saved = {d["name"]: d for d in deployments}
         self.names = {
             name: deployment["name"]
             for deployment in deployments
@@ -49,10 +72,16 @@ class Instances:
     def status(self, name: str) -> dict[str, Any]:
         """What `deployments.get` shows of the instance: its state, and where it runs."""
         supervisor = self._supervisors.get(name)
+        use = self._use.get(name) or _Use()
+        usage = {
+            "in_flight": use.in_flight,
+            "last_used": iso(int(use.last_used * 1000)) if use.last_used else None,
+            "idle_deadline": iso(int(use.idle_deadline * 1000)) if use.idle_deadline else None,
+        }
         if supervisor is None or supervisor.state is RuntimeState.STOPPED:
-            return {"state": UNLOADED, "port": None, "pid": None, "error": None, "last_lines": []}
+            return {"state": UNLOADED, "port": None, "pid": None, "error": None, "last_lines": [], **usage}
         status = supervisor.status()
-        return {key: status[key] for key in ("state", "port", "pid", "error", "last_lines")}
+        return {**{key: status[key] for key in ("state", "port", "pid", "error", "last_lines")}, **usage}
 
     def target(self, name: str) -> tuple[str, str] | None:
         """The origin and key of `name`'s instance when it is ready, else None."""
@@ -70,7 +99,10 @@ class Instances:
     def spawn(self, deployment: dict[str, Any], model_path: Path) -> Child:
         """Start `deployment`'s instance on a free port of `--runtime-ports` (state `starting`)."""
         name = deployment["name"]
-        supervisor = self._supervisors.setdefault(name, Supervisor(self.config))
+        supervisor = self._supervisors.get(name)
+        if supervisor is None:
+            supervisor = self._supervisors[name] = Supervisor(self.config)
+            supervisor.subscribe(lambda kind, status: self._on_state(name, kind, status))
         if supervisor.state.live:
             raise Conflict(f"deployment {name} is {supervisor.state}", state=supervisor.state.value)
         saved = RuntimeOptions.model_validate_json(json.dumps(deployment["options"]))
@@ -92,8 +124,66 @@ class Instances:
             del self._supervisors[name]
 
     async def shutdown(self) -> None:
-        for supervisor in list(self._supervisors.values()):
+        for name, supervisor in list(self._supervisors.items()):
+            self._disarm(name)
             await supervisor.shutdown()
+
+    # --- use and idleness (docs/router.md, "Idle") ---------------------------------------------
+
+    def begin(self, name: str) -> None:
+        """A request to `name`'s instance starts: it is not idle until the request ends."""
+        use = self._use.setdefault(name, _Use())
+        use.in_flight += 1
+        self._disarm(name)
+
+    def end(self, name: str) -> None:
+        """A request to `name`'s instance ended: the idle timer counts from now."""
+        use = self._use.setdefault(name, _Use())
+        use.in_flight = max(use.in_flight - 1, 0)
+        use.last_used = time.time()
+        if not use.in_flight:
+            self._arm(name)
+
+    def _on_state(self, name: str, kind: str, status: dict[str, Any] | None) -> None:
+        if kind != "state" or status is None:
+            return
+        if status["state"] == RuntimeState.READY:
+            self._arm(name)  # loaded and not used yet: idle from now
+        elif status["state"] != RuntimeState.STARTING:
+            self._disarm(name)
+
+    def _arm(self, name: str) -> None:
+        self._disarm(name)
+        saved, use = self._saved.get(name), self._use.setdefault(name, _Use())
+        supervisor = self._supervisors.get(name)
+        if not saved or not saved["idle_timeout_s"] or use.in_flight or supervisor is None:
+            return
+        if supervisor.state is not RuntimeState.READY:
+            return
+        timeout = saved["idle_timeout_s"]
+        use.idle_deadline = time.time() + timeout
+        loop = asyncio.get_running_loop()
+        use.timer = loop.call_later(timeout, lambda: asyncio.ensure_future(self._idle(name)))
+
+    def _disarm(self, name: str) -> None:
+        use = self._use.get(name)
+        if use is not None:
+            if use.timer is not None:
+                use.timer.cancel()
+            use.timer, use.idle_deadline = None, None
+
+    async def _idle(self, name: str) -> None:
+        """The idle timeout passed: stop the instance if it is still idle. Sleep (vLLM's sleep mode)
+        is not done yet, so `idle_action: sleep` stops too (docs/router.md)."""
+        async with self.lifecycle.lock:
+            use, supervisor, saved = self._use.get(name), self._supervisors.get(name), self._saved.get(name)
+            if use is None or use.in_flight or supervisor is None or saved is None:
+                return
+            if supervisor.state is not RuntimeState.READY or use.timer is None:
+                return  # used, reloaded or stopped meanwhile
+            use.timer, use.idle_deadline = None, None
+            log.info("deployment %s: idle for %d s, stopping it", name, saved["idle_timeout_s"])
+            await supervisor.stop(grace_s=saved["stop_timeout_s"])
 
     def _free_port(self) -> int:
         """The first port of `--runtime-ports` that no instance holds and nothing listens on now."""
