@@ -28,6 +28,7 @@ from vllm_use.errors import (
     NotFound,
     OffsetGone,
     PayloadTooLarge,
+    RuntimeFailed,
     StreamArgumentError,
     TooManyRequests,
     Unauthenticated,
@@ -256,13 +257,26 @@ class RelayHandler(GatewaySurface):
         return json.dumps(listing).encode()
 
     async def _relay(self, method: str, body: bytes | None, rewrite: Any = None) -> None:
+        deployment = self.app.instances.names.get(self.model_sent) if self.model_sent else None
+        if deployment is not None and not self.app.config.no_autoload:
+            # Not a byte is sent until the instance is ready, so a failed load is still an error status.
+            try:
+                await self.app.instances.ensure_ready(deployment)
+            except RuntimeFailed as exc:  # its last lines are the operator's, not the client's
+                log.warning("deployment %s failed to load for a /v1 request: %s", deployment, exc.message)
+                self.fail(UpstreamUnavailable(f"the model {self.model_sent} failed to load"))
+                return
+            except VllmUseError as exc:  # still loading, too many waiting, unloaded meanwhile
+                self.fail(exc)
+                return
+            if self._client_gone:
+                return
         try:
             origin, upstream_key = self.app.upstream_target(self.model_sent)
         except (UpstreamUnavailable, Conflict) as exc:
             self.fail(exc)  # nothing was sent upstream
             return
         # A deployment's instance counts this request in flight: it is not idle until it ends.
-        deployment = self.app.instances.names.get(self.model_sent) if self.model_sent else None
         if deployment is not None:
             self.app.instances.begin(deployment)
         try:

@@ -7,6 +7,7 @@ about what is saved.
 
 from __future__ import annotations
 
+import concurrent.futures
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -289,9 +290,6 @@ def test_a_loaded_deployment_answers_by_name_and_alias_and_unloads(router: Serve
     }
     assert create(router, body).status_code == 201
     secret = router.create_key("inference")[1]
-    r = chat(router, secret, "llama")
-    assert r.status_code == 409 and "not loaded" in r.json()["error"]["message"], r.text
-
     r = load(router, "llama")
     assert r.status_code == 200, r.text
     loaded = r.json()
@@ -307,7 +305,6 @@ def test_a_loaded_deployment_answers_by_name_and_alias_and_unloads(router: Serve
     r = router.fetch("/api/deployments/llama/unload", "POST")
     assert r.status_code == 200 and r.json()["state"] == "unloaded", r.text
     assert not _alive(loaded["pid"])
-    assert chat(router, secret, "llama").status_code == 409
 
 
 def test_two_deployments_run_side_by_side_and_delete_stops_its_instance(router: Server) -> None:
@@ -425,8 +422,114 @@ def test_load_on_start_loads_at_boot_and_the_others_are_listed_unloaded(tmp_path
         eventually(lambda: states() == {"boot": "ready", "later": "unloaded"}, timeout=START_TIMEOUT_S)
         secret = server.create_key("inference")[1]
         assert chat(server, secret, "boot").status_code == 200
-        assert chat(server, secret, "later").status_code == 409
         pid = server.fetch("/api/deployments/boot").json()["instance"]["pid"]
     finally:
         server.stop()
     assert not _alive(pid)  # a clean stop of vllm-use stops its instances
+
+
+# --- loading on demand -------------------------------------------------------------------------------
+
+
+def on_demand_server(tmp_path: Path, *flags: str, **knobs: object) -> Server:
+    vllm = fake_vllm_bin(tmp_path / "bin", max_lifetime=300, **knobs)
+    first = free_port()
+    return start_server(
+        tmp_path / "data", "--vllm-bin", str(vllm), "--runtime-ports", f"{first}-{first + 9}", *flags
+    )
+
+
+def deploy(server: Server, name: str = "llama") -> str:
+    model_id = register(server, "alpha")
+    body = {"name": name, "model_id": model_id, "options": {"start_timeout_s": START_TIMEOUT_S}}
+    assert create(server, body).status_code == 201
+    return server.create_key("inference")[1]
+
+
+def test_a_request_for_an_unloaded_deployment_loads_it_and_waits_without_a_byte(tmp_path: Path) -> None:
+    """Four requests at once for an unloaded deployment: one load (one vLLM started), all four
+    answered once it is ready."""
+    records = tmp_path / "records"
+    records.mkdir()
+    server = on_demand_server(tmp_path, load_seconds=2, record=str(records / "start-{pid}.json"))
+    try:
+        secret = deploy(server)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: chat(server, secret, "llama"), range(4)))
+        assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+        assert all(r.json()["model"] == "llama" for r in answers)
+        assert len(list(records.glob("start-*.json"))) == 1
+        instance = server.fetch("/api/deployments/llama").json()["instance"]
+        assert instance["state"] == "ready" and instance["in_flight"] == 0
+    finally:
+        server.stop()
+
+
+def test_no_autoload_answers_409_model_not_loaded(tmp_path: Path) -> None:
+    server = on_demand_server(tmp_path, "--no-autoload")
+    try:
+        secret = deploy(server)
+        r = chat(server, secret, "llama")
+        assert r.status_code == 409 and r.json()["error"]["code"] == "model_not_loaded", r.text
+        assert server.fetch("/api/deployments/llama").json()["instance"]["state"] == "unloaded"
+        assert load(server, "llama").status_code == 200
+        assert chat(server, secret, "llama").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_a_load_longer_than_the_wait_is_503_with_retry_after_and_goes_on(tmp_path: Path) -> None:
+    server = on_demand_server(tmp_path, "--load-wait-timeout", "1", load_seconds=4)
+    try:
+        secret = deploy(server)
+        r = chat(server, secret, "llama")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_loading", r.text
+        assert int(r.headers["retry-after"]) > 0
+        # The load was not abandoned: a later request finds the instance ready.
+        eventually(
+            lambda: server.fetch("/api/deployments/llama").json()["instance"]["state"] == "ready",
+            timeout=START_TIMEOUT_S,
+        )
+        assert chat(server, secret, "llama").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_max_waiting_holds_at_its_edge(tmp_path: Path) -> None:
+    """--max-waiting 1: one request waits for the load, a second at the same time gets 503."""
+    server = on_demand_server(tmp_path, "--max-waiting", "1", load_seconds=3)
+    try:
+        secret = deploy(server)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(chat, server, secret, "llama")
+            eventually(
+                lambda: server.fetch("/api/deployments/llama").json()["instance"]["state"] == "starting",
+                timeout=START_TIMEOUT_S,
+            )
+            second = chat(server, secret, "llama")
+            assert second.status_code == 503 and second.json()["error"]["code"] == "model_loading", (
+                second.text
+            )
+            assert "retry-after" in second.headers
+            assert first.result().status_code == 200
+    finally:
+        server.stop()
+    zero = on_demand_server(tmp_path / "zero", "--max-waiting", "0")
+    try:
+        secret = deploy(zero)
+        assert chat(zero, secret, "llama").status_code == 503  # none may wait: load it by hand
+    finally:
+        zero.stop()
+
+
+def test_a_failed_load_is_a_502_without_vllms_lines(tmp_path: Path) -> None:
+    server = on_demand_server(tmp_path, fail_on_start=1)
+    try:
+        secret = deploy(server)
+        r = chat(server, secret, "llama")
+        assert r.status_code == 502, r.text
+        assert r.json()["error"]["message"] == "the model llama failed to load"
+        instance = server.fetch("/api/deployments/llama").json()["instance"]
+        assert instance["state"] == "failed" and instance["last_lines"]  # the operator sees them
+    finally:
+        server.stop()

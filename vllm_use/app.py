@@ -109,6 +109,7 @@ def build_context(config: Config) -> AppContext:
     )
     app.lifecycle.add_running_check(app.runtime.is_running)
     app.lifecycle.add_running_check(app.instances.is_running)
+    app.instances.loader = lambda name: deployments.begin_load(app, name)
     return app
 
 

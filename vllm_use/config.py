@@ -246,6 +246,24 @@ class Config:
     runtime_port: int = field(
         metadata=option("port the supervised vllm serve listens on", 8000, _integer(1, 65535))
     )
+    no_autoload: bool = field(
+        metadata=option(
+            "a /v1 request for a deployment that is not loaded gets 409 instead of loading it",
+            False,
+            _switch,
+            switch=True,
+        )
+    )
+    load_wait_timeout: int = field(
+        metadata=option(
+            "seconds a /v1 request waits for its deployment to load before 503", 600, _integer(1, 7200)
+        )
+    )
+    max_waiting: int = field(
+        metadata=option(
+            "/v1 requests waiting for deployments to load, at most (then 503)", 64, _integer(0, 10_000)
+        )
+    )
     runtime_ports: range = field(
         metadata=option(
             "ports for the deployments' vLLM instances, FIRST-LAST (docs/router.md)", "8100-8199", _port_range

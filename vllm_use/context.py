@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_use.config import Config
-from vllm_use.errors import Conflict, UpstreamUnavailable
+from vllm_use.errors import ModelNotLoaded, UpstreamUnavailable
 from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import RuntimeState
 from vllm_use.scopes import Identity, Surface
@@ -68,7 +68,7 @@ class AppContext:
         if deployment is not None:
             found = self.instances.target(deployment)
             if found is None:
-                raise Conflict(
+                raise ModelNotLoaded(
                     f"the model {model} is not loaded: load the deployment {deployment} with "
                     "deployments.load (POST /api/deployments/{name}/load)"
                 )

@@ -8,10 +8,12 @@
     ├── PermissionDenied              permission_denied      403    "unknown tool" JSON-RPC error
     ├── NotFound                      not_found              404    isError result
     ├── Conflict                      conflict               409    isError result
+    │   └── ModelNotLoaded            model_not_loaded       409    (/v1 with --no-autoload: load it first)
     ├── PayloadTooLarge               payload_too_large      413    HTTP 413
     ├── TooManyRequests               too_many_requests      429    HTTP 429 (auth) / isError result
     │   └── TooManyStreams            too_many_streams       429    (a key's live resumable sessions)
     ├── TooManySessions               too_many_sessions      503    (the process's live sessions)
+    ├── ModelLoading                  model_loading          503    (a deployment still loading, or too many waiting)
     ├── UpstreamUnavailable           upstream_unavailable   502    isError result
     ├── RuntimeFailed                 runtime_failed         502    isError result
     ├── CorruptRecord                 corrupt_record         500    isError result
@@ -155,6 +157,26 @@ class TooManySessions(VllmUseError):
 
     code = "too_many_sessions"
     http_status = 503
+
+
+class ModelNotLoaded(Conflict):
+    """A `/v1` request names a deployment whose instance is not ready, and nothing loads it for the
+    request (`--no-autoload`): load it with deployments.load (docs/router.md)."""
+
+    code = "model_not_loaded"
+
+
+class ModelLoading(VllmUseError):
+    """A `/v1` request for a deployment that is not ready was not answered: it loaded for longer than
+    `--load-wait-timeout`, or `--max-waiting` requests already wait (docs/router.md). 503 with
+    `Retry-After`."""
+
+    code = "model_loading"
+    http_status = 503
+
+    def __init__(self, message: str, *, retry_after_s: int = 5, **details: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **details)
+        self.retry_after_s = retry_after_s
 
 
 class TooManyStreams(TooManyRequests):

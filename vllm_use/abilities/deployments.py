@@ -35,9 +35,12 @@ from vllm_use.fields import ModelId
 from vllm_use.models.records import ModelStatus
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.runtime.options import Name, RuntimeOptions
+from vllm_use.runtime.supervisor import Child
 from vllm_use.scopes import READ, RUNTIME_WRITE, Identity, Surface
 
 log = logging.getLogger(__name__)
+# Who loads a deployment at start or for a /v1 request: the operator's configuration, not a caller.
+OPERATOR = Identity("admin_token", None, frozenset())
 
 
 class NameArgs(Args):
@@ -166,22 +169,28 @@ async def delete(call: Call, args: NameArgs) -> dict[str, Any]:
     return {"deleted": args.name}
 
 
-async def load(call: Call, args: LoadArgs) -> dict[str, Any]:
-    """Start the deployment's instance; 202 with state starting, or the outcome within `wait`."""
-    instances = call.app.instances
-    async with call.app.lifecycle.lock:
-        saved = await _saved(call, args.name)
-        supervisor = instances.supervisor(args.name)
+async def begin_load(app: AppContext, name: str) -> Child:
+    """Start `name`'s instance and return at once (state starting): deployments.load, a /v1 request
+    for it (`Instances.loader`), and load_on_start. Conflict while one is live."""
+    call = Call(app, OPERATOR, Surface.API)
+    async with app.lifecycle.lock:
+        saved = await _saved(call, name)
+        supervisor = app.instances.supervisor(name)
         if supervisor is not None and supervisor.state.live:
             raise Conflict(
-                f"deployment {args.name} is {supervisor.state}; unload it first", state=supervisor.state.value
+                f"deployment {name} is {supervisor.state}; unload it first", state=supervisor.state.value
             )
         _, path = await ready_model_path(call, saved["model_id"])  # just before the spawn
-        child = instances.spawn(saved, path)
-        supervisor = instances.supervisor(args.name)
-        assert supervisor is not None
+        return app.instances.spawn(saved, path)
+
+
+async def load(call: Call, args: LoadArgs) -> dict[str, Any]:
+    """Start the deployment's instance; 202 with state starting, or the outcome within `wait`."""
+    child = await begin_load(call.app, args.name)
+    supervisor = call.app.instances.supervisor(args.name)
+    assert supervisor is not None
     await supervisor.wait_settled(child, args.wait)
-    return {"name": args.name, **instances.status(args.name)}
+    return {"name": args.name, **call.app.instances.status(args.name)}
 
 
 async def unload(call: Call, args: NameArgs) -> dict[str, Any]:
@@ -261,7 +270,7 @@ def register(registry: Registry) -> None:
 async def load_at_start(app: AppContext) -> None:
     """vllm-use just started: load the deployments with load_on_start, in name order. A failure is
     logged and shown on the deployment; the others still load."""
-    call = Call(app, Identity("admin_token", None, frozenset()), Surface.API)  # the operator's choice
+    call = Call(app, OPERATOR, Surface.API)
     for saved in await app.db.query(store.all_deployments):
         if saved["load_on_start"]:
             try:

@@ -16,13 +16,14 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vllm_use.clock import iso
 from vllm_use.config import Config
-from vllm_use.errors import Conflict
+from vllm_use.errors import Conflict, ModelLoading
 from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.options import RuntimeOptions
 from vllm_use.runtime.supervisor import Child, RuntimeState, Supervisor
@@ -52,6 +53,10 @@ class Instances:
         self.names: dict[str, str] = {}  # a deployment's name or alias → its name
         # What the gateway rewrites `model` from and to: --model-aliases and the deployments' aliases.
         self.aliases: dict[str, str] = dict(config.model_aliases)
+        # Starts a deployment's instance (checks, then `spawn`, under the lifecycle lock): set by the
+        # composition root to abilities.deployments.begin_load, which knows the models.
+        self.loader: Callable[[str], Awaitable[Child]] | None = None
+        self.waiting = 0  # /v1 requests waiting for an instance to become ready
 
     def set_names(self, deployments: list[dict[str, Any]]) -> None:
         """The deployments as saved now (after each change of the table)."""
@@ -127,6 +132,36 @@ class Instances:
         for name, supervisor in list(self._supervisors.items()):
             self._disarm(name)
             await supervisor.shutdown()
+
+    # --- loading on demand (docs/router.md, "Loading on demand") -------------------------------
+
+    async def ensure_ready(self, name: str) -> None:
+        """Return once `name`'s instance is ready, loading it if nothing loads it yet. Raises
+        ModelLoading (503) when `--max-waiting` requests already wait or the load takes longer than
+        `--load-wait-timeout`; RuntimeFailed when it fails; Conflict when an unload cancels it."""
+        if self.target(name) is not None:
+            return
+        if self.waiting >= self.config.max_waiting:
+            raise ModelLoading(f"{self.waiting} requests already wait for models to load; retry later")
+        self.waiting += 1
+        try:
+            supervisor = self._supervisors.get(name)
+            if supervisor is None or not supervisor.state.live:
+                assert self.loader is not None
+                try:
+                    await self.loader(name)
+                except Conflict:
+                    pass  # another request started it meanwhile: wait for that start
+                supervisor = self._supervisors.get(name)
+            if supervisor is None or supervisor.child is None:  # pragma: no cover - the loader spawned
+                raise ModelLoading(f"the model {name} is not loading; retry later")
+            await supervisor.wait_settled(supervisor.child, self.config.load_wait_timeout)
+            if self.target(name) is None:
+                raise ModelLoading(
+                    f"the model {name} is still loading after {self.config.load_wait_timeout} s; retry later"
+                )
+        finally:
+            self.waiting -= 1
 
     # --- use and idleness (docs/router.md, "Idle") ---------------------------------------------
 
