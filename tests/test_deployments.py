@@ -255,6 +255,7 @@ def test_mcp_sees_the_same_methods_with_its_own_scopes(server: Server, model_id:
 # --- instances: load, route, unload ----------------------------------------------------------------
 
 START_TIMEOUT_S = 60  # the fake is healthy within a second; the bound only ends a hang
+LONG = " ".join(["word"] * 300)  # the fake echoes it one piece per word: 300 pieces
 
 
 @pytest.fixture
@@ -262,7 +263,10 @@ def router(tmp_path: Path) -> Iterator[Server]:
     """A server whose deployments run the fake vLLM on a few free ports."""
     vllm = fake_vllm_bin(tmp_path / "bin", max_lifetime=300)
     first = free_port()
-    srv = start_server(tmp_path / "data", "--vllm-bin", str(vllm), "--runtime-ports", f"{first}-{first + 9}")
+    ports = f"{first}-{first + 9}"
+    srv = start_server(
+        tmp_path / "data", "--vllm-bin", str(vllm), "--runtime-ports", ports, "--max-loaded", "4"
+    )
     yield srv
     srv.stop()
 
@@ -363,10 +367,10 @@ def test_an_idle_instance_is_stopped_after_its_timeout_counted_from_its_last_req
         loaded = load(router, "llama").json()
         assert loaded["state"] == "ready" and loaded["idle_deadline"] is not None
         secret = router.create_key("inference")[1]
-        # A stream that outlasts the timeout (400 pieces, 0.05 s apart): the instance stays while it runs.
+        # A stream that outlasts the timeout (300 pieces, 0.05 s apart): the instance stays while it runs.
         slow = {
             "model": "llama",
-            "messages": [{"role": "user", "content": "hi"}],
+            "messages": [{"role": "user", "content": LONG}],
             "max_tokens": 400,
             "stream": True,
         }
@@ -531,5 +535,50 @@ def test_a_failed_load_is_a_502_without_vllms_lines(tmp_path: Path) -> None:
         assert r.json()["error"]["message"] == "the model llama failed to load"
         instance = server.fetch("/api/deployments/llama").json()["instance"]
         assert instance["state"] == "failed" and instance["last_lines"]  # the operator sees them
+    finally:
+        server.stop()
+
+
+# --- capacity -----------------------------------------------------------------------------------------
+
+
+def test_max_loaded_one_evicts_the_idle_instance_and_refuses_when_none_is_idle(tmp_path: Path) -> None:
+    server = on_demand_server(tmp_path, "--max-loaded", "1", token_seconds=0.05)
+    try:
+        secret = deploy(server, "one")
+        second = register(server, "beta")
+        options = {"start_timeout_s": START_TIMEOUT_S}
+        assert create(server, {"name": "two", "model_id": second, "options": options}).status_code == 201
+        first = load(server, "one").json()
+        assert first["state"] == "ready"
+        # "two" is asked for: "one" is idle, so it is stopped (its whole group) and "two" loads.
+        assert chat(server, secret, "two").status_code == 200
+        states = {
+            d["name"]: d["instance"]["state"] for d in server.fetch("/api/deployments").json()["deployments"]
+        }
+        assert states == {"one": "unloaded", "two": "ready"}
+        assert not _alive(first["pid"])
+        # While "two" streams, it is not idle: "one" cannot make room and is refused for now.
+        slow = {
+            "model": "two",
+            "messages": [{"role": "user", "content": LONG}],
+            "max_tokens": 400,
+            "stream": True,
+        }
+        url, auth = server.base_url + "/v1/chat/completions", {"Authorization": f"Bearer {secret}"}
+        with server.client.stream("POST", url, json=slow, headers=auth) as r:
+            assert r.status_code == 200
+            chunks = r.iter_raw()  # kept: a generator dropped here would close the stream
+            next(chunks)
+            refused = chat(server, secret, "one")
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_loading", (
+                refused.text
+            )
+            assert "retry-after" in refused.headers
+        # A pinned instance is never evicted.
+        assert server.fetch("/api/deployments/two", "PATCH", json={"pinned": True}).status_code == 200
+        assert chat(server, secret, "one").status_code == 503
+        assert server.fetch("/api/deployments/two", "PATCH", json={"pinned": False}).status_code == 200
+        assert chat(server, secret, "one").status_code == 200
     finally:
         server.stop()

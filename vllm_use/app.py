@@ -26,6 +26,7 @@ from handlers.base import NotFoundJson
 from handlers.server import GuardedHTTPServer, connection_limit
 from vllm_use import fsafety
 from vllm_use.abilities import build_registry, deployments
+from vllm_use.abilities.gpu import gpu_count
 from vllm_use.config import Config
 from vllm_use.context import AppContext
 from vllm_use.deployments import store as deployment_store
@@ -88,7 +89,7 @@ def build_context(config: Config) -> AppContext:
         raise
     auth = Authenticator(db, token)
     lifecycle = Lifecycle()
-    instances = Instances(config, lifecycle)
+    instances = Instances(config, lifecycle, max_loaded=config.max_loaded or max(gpu_count(), 1))
     try:
         instances.set_names(db.query_sync(deployment_store.all_deployments))
     except CorruptRecord as exc:  # reported by deployments.list too; the rest of the server runs

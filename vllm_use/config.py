@@ -264,6 +264,13 @@ class Config:
             "/v1 requests waiting for deployments to load, at most (then 503)", 64, _integer(0, 10_000)
         )
     )
+    max_loaded: int = field(
+        metadata=option(
+            "deployment instances loaded at once; 0: one per GPU, 1 without GPUs (docs/router.md)",
+            0,
+            _integer(0, 64),
+        )
+    )
     runtime_ports: range = field(
         metadata=option(
             "ports for the deployments' vLLM instances, FIRST-LAST (docs/router.md)", "8100-8199", _port_range

@@ -181,6 +181,7 @@ async def begin_load(app: AppContext, name: str) -> Child:
                 f"deployment {name} is {supervisor.state}; unload it first", state=supervisor.state.value
             )
         _, path = await ready_model_path(call, saved["model_id"])  # just before the spawn
+        await app.instances.make_room(name)
         return app.instances.spawn(saved, path)
 
 

@@ -68,6 +68,14 @@ def query_gpus() -> dict[str, Any]:
             pynvml.nvmlShutdown()
 
 
+def gpu_count() -> int:
+    """The GPUs NVML shows; 0 where NVML is missing or fails (start-up: `--max-loaded` 0)."""
+    try:
+        return len(query_gpus()["gpus"])
+    except ExternalError:
+        return 0
+
+
 def _gpu(nvml: Any, index: int) -> dict[str, Any]:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)

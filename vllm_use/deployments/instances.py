@@ -44,9 +44,10 @@ class _Use:
 
 
 class Instances:
-    def __init__(self, config: Config, lifecycle: Lifecycle) -> None:
+    def __init__(self, config: Config, lifecycle: Lifecycle, max_loaded: int = 1) -> None:
         self.config = config
         self.lifecycle = lifecycle
+        self.max_loaded = max_loaded  # instances live at once (--max-loaded, resolved at start)
         self._supervisors: dict[str, Supervisor] = {}
         self._use: dict[str, _Use] = {}
         self._saved: dict[str, dict[str, Any]] = {}  # the deployments as saved, by name
@@ -101,8 +102,38 @@ class Instances:
 
     # --- changes (the caller holds the lifecycle lock) -----------------------------------------
 
+    async def make_room(self, name: str) -> None:
+        """Before `name`'s instance starts: while `max_loaded` instances are live, stop the least
+        recently used one that is idle (ready, nothing in flight, not pinned). None idle: ModelLoading
+        (503, retry later). The caller holds the lifecycle lock."""
+        while True:
+            live = [n for n, s in self._supervisors.items() if s.state.live and n != name]
+            if len(live) < self.max_loaded:
+                return
+            idle = [
+                n
+                for n in live
+                if self._supervisors[n].state is RuntimeState.READY
+                and not (self._use.get(n) or _Use()).in_flight
+                and not self._saved.get(n, {}).get("pinned")
+            ]
+            if not idle:
+                raise ModelLoading(
+                    f"{len(live)} deployments are loaded (--max-loaded {self.max_loaded}) and none is idle "
+                    "and unpinned; retry later"
+                )
+            victim = min(idle, key=lambda n: (self._use.get(n) or _Use()).last_used or 0.0)
+            log.info(
+                "deployment %s: stopped to make room for %s (--max-loaded %d)", victim, name, self.max_loaded
+            )
+            self._disarm(victim)
+            await self._supervisors[victim].stop(
+                grace_s=self._saved.get(victim, {}).get("stop_timeout_s", 10)
+            )
+
     def spawn(self, deployment: dict[str, Any], model_path: Path) -> Child:
-        """Start `deployment`'s instance on a free port of `--runtime-ports` (state `starting`)."""
+        """Start `deployment`'s instance on a free port of `--runtime-ports` (state `starting`).
+        The caller made room first (`make_room`)."""
         name = deployment["name"]
         supervisor = self._supervisors.get(name)
         if supervisor is None:
