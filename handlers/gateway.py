@@ -240,7 +240,36 @@ class RelayHandler(GatewaySurface):
     async def get(self, path: str) -> None:
         if path != "models":
             raise tornado.web.HTTPError(405)
-        await self._relay("GET", None, rewrite=self._with_aliases)
+        deployments = self.app.instances.listing()
+        if not deployments:
+            await self._relay("GET", None, rewrite=self._with_aliases)
+            return
+        # vllm-use answers, also while no vLLM runs: every deployment and alias, then the models of
+        # the runtime (or --upstream) when it answers; a name listed twice is the deployment's.
+        listed = {entry["id"] for entry in deployments}
+        others = [entry for entry in await self._upstream_models() if entry.get("id") not in listed]
+        self.set_header("Cache-Control", "no-store")
+        self.write_json({"object": "list", "data": deployments + others})
+
+    async def _upstream_models(self) -> list[dict[str, Any]]:
+        """The runtime's (or --upstream's) `/v1/models` entries with --model-aliases; [] when none
+        answers (that is not an error here: the deployments are listed anyway)."""
+        try:
+            origin, key = self.app.upstream_target(None)
+            headers = [("Accept", "application/json"), ("X-Request-ID", self.request_id)]
+            if key:
+                headers.append(("Authorization", f"Bearer {key}"))
+            async with self.app.upstream_pool.stream("GET", origin + "/v1/models", headers) as upstream:
+                payload = await upstream.read_all()
+                ok = upstream.status == 200
+        except (UpstreamUnavailable, UpstreamError) as exc:
+            log.debug("no upstream models to list: %s", exc)
+            return []
+        try:
+            entries = json.loads(self._with_aliases(payload))["data"] if ok else []
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return []
+        return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
 
     def _with_aliases(self, payload: bytes) -> bytes:
         """`/v1/models` lists the aliases too, next to the upstream's own names."""

@@ -8,6 +8,7 @@ about what is saved.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -582,3 +583,39 @@ def test_max_loaded_one_evicts_the_idle_instance_and_refuses_when_none_is_idle(t
         assert chat(server, secret, "one").status_code == 200
     finally:
         server.stop()
+
+
+def test_v1_models_lists_every_deployment_and_alias_and_never_loads_one(router: Server) -> None:
+    vision = register(router, "vision")
+    (router.data_dir / "models" / "vision" / "config.json").write_text(
+        json.dumps({"max_position_embeddings": 4096, "vision_config": {"hidden_size": 8}})
+    )
+    plain = register(router, "plain")
+    options = {"start_timeout_s": START_TIMEOUT_S}
+    body = {"name": "see", "model_id": vision, "aliases": ["eyes"], "options": options}
+    assert create(router, body).status_code == 201  # its card is read when it is saved
+    body = {"name": "talk", "model_id": plain, "options": {**options, "max_model_len": 1024}}
+    assert create(router, body).status_code == 201
+    secret = router.create_key("inference")[1]
+
+    def listed() -> dict[str, dict[str, Any]]:
+        r = router.fetch("/v1/models", token=None, headers={"Authorization": f"Bearer {secret}"})
+        assert r.status_code == 200, r.text
+        return {entry["id"]: entry for entry in r.json()["data"]}
+
+    models = listed()  # no vLLM runs at all
+    assert set(models) == {"see", "eyes", "talk"}
+    assert models["see"]["status"] == {"value": "unloaded"} and models["eyes"]["root"] == "see"
+    assert models["see"]["max_model_len"] == 4096 and models["see"]["input_modalities"] == ["text", "image"]
+    assert models["talk"]["max_model_len"] == 1024 and models["talk"]["input_modalities"] == ["text"]
+    assert models["see"]["owned_by"] == "vllm-use" and isinstance(models["see"]["created"], int)
+    instance = router.fetch("/api/deployments/see").json()["instance"]
+    assert instance["state"] == "unloaded" and instance["last_used"] is None  # listing is not use
+
+    assert load(router, "see").json()["state"] == "ready"
+    before = router.fetch("/api/deployments/see").json()["instance"]
+    assert listed()["see"]["status"] == {"value": "loaded"} and listed()["talk"]["status"] == {
+        "value": "unloaded"
+    }
+    after = router.fetch("/api/deployments/see").json()["instance"]
+    assert after["idle_deadline"] == before["idle_deadline"] and after["last_used"] == before["last_used"]

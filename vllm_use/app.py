@@ -29,7 +29,6 @@ from vllm_use.abilities import build_registry, deployments
 from vllm_use.abilities.gpu import gpu_count
 from vllm_use.config import Config
 from vllm_use.context import AppContext
-from vllm_use.deployments import store as deployment_store
 from vllm_use.deployments.instances import Instances
 from vllm_use.downloads.manager import DownloadManager
 from vllm_use.errors import ConfigError, CorruptRecord
@@ -91,7 +90,7 @@ def build_context(config: Config) -> AppContext:
     lifecycle = Lifecycle()
     instances = Instances(config, lifecycle, max_loaded=config.max_loaded or max(gpu_count(), 1))
     try:
-        instances.set_names(db.query_sync(deployment_store.all_deployments))
+        instances.set_names(*db.run_sync(deployments.read_catalog, db, config.models_dir))
     except CorruptRecord as exc:  # reported by deployments.list too; the rest of the server runs
         log.warning("deployments are not routed until this is fixed: %s", exc.message)
     app = AppContext(

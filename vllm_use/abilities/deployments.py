@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationError
@@ -32,11 +33,14 @@ from vllm_use.deployments.records import (
 from vllm_use.errors import Conflict, InvalidArguments, NotFound, VllmUseError
 from vllm_use.executor import validation_error
 from vllm_use.fields import ModelId
+from vllm_use.models import files
+from vllm_use.models import store as model_store
 from vllm_use.models.records import ModelStatus
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.runtime.options import Name, RuntimeOptions
 from vllm_use.runtime.supervisor import Child
 from vllm_use.scopes import READ, RUNTIME_WRITE, Identity, Surface
+from vllm_use.storage import Database
 
 log = logging.getLogger(__name__)
 # Who loads a deployment at start or for a /v1 request: the operator's configuration, not a caller.
@@ -107,9 +111,21 @@ def _with_instance(call: Call, deployment: dict[str, Any]) -> dict[str, Any]:
     return {**deployment, "instance": call.app.instances.status(deployment["name"])}
 
 
+def read_catalog(db: Database, root: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """On the DB thread: the deployments, and the card of each one's model (a small file read)."""
+    deployments = store.all_deployments(db)
+    dirs = {row["id"]: row["dir"] for row in model_store.model_rows(db)}
+    cards = {
+        d["name"]: files.model_card(root / dirs[d["model_id"]]) if dirs.get(d["model_id"]) else {}
+        for d in deployments
+    }
+    return deployments, cards
+
+
 async def _refresh_names(call: Call) -> None:
     """After a change of the table: the gateway's lookup of names and aliases follows it."""
-    call.app.instances.set_names(await call.app.db.query(store.all_deployments))
+    db = call.app.db
+    call.app.instances.set_names(*await db.run(read_catalog, db, call.app.config.models_dir))
 
 
 async def list_deployments(call: Call, args: NoArgs) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from vllm_use.runtime.supervisor import Child, RuntimeState, Supervisor
 log = logging.getLogger(__name__)
 
 UNLOADED = "unloaded"
+# An instance's state as `GET /v1/models` names it (llama-server's router words).
+_LISTED = {RuntimeState.READY: "loaded", RuntimeState.STARTING: "loading", RuntimeState.FAILED: "failed"}
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Instances:
         self._supervisors: dict[str, Supervisor] = {}
         self._use: dict[str, _Use] = {}
         self._saved: dict[str, dict[str, Any]] = {}  # the deployments as saved, by name
+        self._cards: dict[str, dict[str, Any]] = {}  # their models' cards, by deployment name
         self.names: dict[str, str] = {}  # a deployment's name or alias → its name
         # What the gateway rewrites `model` from and to: --model-aliases and the deployments' aliases.
         self.aliases: dict[str, str] = dict(config.model_aliases)
@@ -59,9 +63,13 @@ class Instances:
         self.loader: Callable[[str], Awaitable[Child]] | None = None
         self.waiting = 0  # /v1 requests waiting for an instance to become ready
 
-    def set_names(self, deployments: list[dict[str, Any]]) -> None:
-        """The deployments as saved now (after each change of the table)."""
+    def set_names(
+        self, deployments: list[dict[str, Any]], cards: dict[str, dict[str, Any]] | None = None
+    ) -> None:
+        """The deployments as saved now (after each change of the table), and what each one's
+        model's config.json says (`models.files.model_card`, for `GET /v1/models`)."""
         self._saved = {d["name"]: d for d in deployments}
+        self._cards = cards or {}
         self.names = {
             name: deployment["name"]
             for deployment in deployments
@@ -88,6 +96,26 @@ class Instances:
             return {"state": UNLOADED, "port": None, "pid": None, "error": None, "last_lines": [], **usage}
         status = supervisor.status()
         return {**{key: status[key] for key in ("state", "port", "pid", "error", "last_lines")}, **usage}
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Every deployment and alias as `GET /v1/models` shows it (docs/router.md): nothing is
+        loaded, woken or counted as use by reading it."""
+        entries = []
+        for name, saved in sorted(self._saved.items()):
+            card = self._cards.get(name, {})
+            state = self.status(name)["state"]
+            created = datetime.fromisoformat(saved["created_at"].replace("Z", "+00:00"))
+            common = {
+                "object": "model",
+                "created": int(created.timestamp()),
+                "owned_by": "vllm-use",
+                "root": name,
+                "max_model_len": saved["options"].get("max_model_len") or card.get("max_model_len"),
+                "input_modalities": card.get("input_modalities", ["text"]),
+                "status": {"value": _LISTED.get(state, "unloaded")},
+            }
+            entries += [{"id": shown, **common} for shown in (name, *saved["aliases"])]
+        return entries
 
     def target(self, name: str) -> tuple[str, str] | None:
         """The origin and key of `name`'s instance when it is ready, else None."""

@@ -9,6 +9,7 @@ interrupted delete at start-up and refuses to start on anything it does not reco
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -133,3 +134,35 @@ def reconcile_quarantine(root: Path, records: dict[str, ModelRecord]) -> None:
                 "--models-dir",
                 f"{path} belongs to model {entry}, whose directory exists again; kept; refusing to start",
             )
+
+
+CARD_MAX_BYTES = 1024 * 1024  # a config.json larger than this is not read
+
+
+def model_card(directory: Path) -> dict[str, object]:
+    """What `GET /v1/models` says of a model from its `config.json`: `max_model_len` (its
+    `max_position_embeddings`, or its text model's) and `input_modalities` (text, plus image for a
+    `vision_config`, audio for an `audio_config`). A file that is missing, a symlink, larger than
+    `CARD_MAX_BYTES` or not a JSON object gives the defaults (None, text only)."""
+    card: dict[str, object] = {"max_model_len": None, "input_modalities": ["text"]}
+    try:
+        fd = os.open(directory / "config.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            raw = handle.read(CARD_MAX_BYTES + 1)
+        config = json.loads(raw) if len(raw) <= CARD_MAX_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return card
+    if not isinstance(config, dict):
+        return card
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for length in (config.get("max_position_embeddings"), text.get("max_position_embeddings")):
+        if type(length) is int and length > 0:
+            card["max_model_len"] = length
+            break
+    modalities = ["text"]
+    if isinstance(config.get("vision_config"), dict):
+        modalities.append("image")
+    if isinstance(config.get("audio_config"), dict):
+        modalities.append("audio")
+    card["input_modalities"] = modalities
+    return card
