@@ -619,3 +619,25 @@ def test_v1_models_lists_every_deployment_and_alias_and_never_loads_one(router: 
     }
     after = router.fetch("/api/deployments/see").json()["instance"]
     assert after["idle_deadline"] == before["idle_deadline"] and after["last_used"] == before["last_used"]
+
+
+def test_a_conversation_id_naming_another_deployment_than_the_body_is_refused(router: Server) -> None:
+    model_id = register(router, "alpha")
+    options = {"start_timeout_s": START_TIMEOUT_S}
+    for name, aliases in (("one", ["uno"]), ("two", [])):
+        body = {"name": name, "model_id": model_id, "aliases": aliases, "options": options}
+        assert create(router, body).status_code == 201
+    secret = router.create_key("inference")[1]
+    body = {"model": "one", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+    def send(conversation: str) -> Any:
+        headers = {"Authorization": f"Bearer {secret}", "X-Conversation-Id": conversation}
+        return router.fetch("/v1/chat/completions", "POST", json=body, token=None, headers=headers)
+
+    refused = send("c1::two")
+    assert refused.status_code == 400 and "same deployment" in refused.json()["error"]["message"], (
+        refused.text
+    )
+    assert router.fetch("/api/deployments/one").json()["instance"]["state"] == "unloaded"  # nothing loaded
+    assert send("c2::uno").status_code == 200  # an alias of the same deployment
+    assert send("c3").status_code == 200
