@@ -8,6 +8,7 @@ about what is saved.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import sqlite3
 import time
@@ -330,6 +331,25 @@ def test_two_deployments_run_side_by_side_and_delete_stops_its_instance(router: 
     assert chat(router, secret, "two").status_code == 200
 
 
+@contextlib.contextmanager
+def streaming(server: Server, secret: str, model: str) -> Iterator[Iterator[bytes]]:
+    """A long stream from `model` (LONG echoed, one piece per word), open after its first chunk;
+    yields the rest of its raw chunks. Keep them referenced: a dropped httpx `iter_raw` generator
+    closes the stream."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": LONG}],
+        "max_tokens": 400,
+        "stream": True,
+    }
+    url, auth = server.base_url + "/v1/chat/completions", {"Authorization": f"Bearer {secret}"}
+    with server.client.stream("POST", url, json=body, headers=auth) as r:
+        assert r.status_code == 200
+        chunks = r.iter_raw()
+        next(chunks)
+        yield chunks
+
+
 def _alive(pid: int) -> bool:
     try:
         return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
@@ -369,17 +389,7 @@ def test_an_idle_instance_is_stopped_after_its_timeout_counted_from_its_last_req
         assert loaded["state"] == "ready" and loaded["idle_deadline"] is not None
         secret = router.create_key("inference")[1]
         # A stream that outlasts the timeout (300 pieces, 0.05 s apart): the instance stays while it runs.
-        slow = {
-            "model": "llama",
-            "messages": [{"role": "user", "content": LONG}],
-            "max_tokens": 400,
-            "stream": True,
-        }
-        url, auth = router.base_url + "/v1/chat/completions", {"Authorization": f"Bearer {secret}"}
-        with router.client.stream("POST", url, json=slow, headers=auth) as r:
-            assert r.status_code == 200
-            chunks = r.iter_raw()
-            next(chunks)
+        with streaming(router, secret, "llama") as chunks:
             instance = router.fetch("/api/deployments/llama").json()["instance"]
             assert instance["in_flight"] == 1 and instance["idle_deadline"] is None
             started = time.monotonic()
@@ -560,17 +570,7 @@ def test_max_loaded_one_evicts_the_idle_instance_and_refuses_when_none_is_idle(t
         assert states == {"one": "unloaded", "two": "ready"}
         assert not _alive(first["pid"])
         # While "two" streams, it is not idle: "one" cannot make room and is refused for now.
-        slow = {
-            "model": "two",
-            "messages": [{"role": "user", "content": LONG}],
-            "max_tokens": 400,
-            "stream": True,
-        }
-        url, auth = server.base_url + "/v1/chat/completions", {"Authorization": f"Bearer {secret}"}
-        with server.client.stream("POST", url, json=slow, headers=auth) as r:
-            assert r.status_code == 200
-            chunks = r.iter_raw()  # kept: a generator dropped here would close the stream
-            next(chunks)
+        with streaming(server, secret, "two"):
             refused = chat(server, secret, "one")
             assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_loading", (
                 refused.text
