@@ -63,6 +63,7 @@ def test_a_deployment_is_saved_with_its_defaults_and_read_back(server: Server, m
         "state": "unloaded",
         "port": None,
         "pid": None,
+        "pgid": None,
         "error": None,
         "last_lines": [],
         "in_flight": 0,

@@ -68,7 +68,8 @@ class UpdateArgs(Args):
 class InstanceOut(Result):
     state: str = Field(description="unloaded, starting, ready, stopping or failed")
     port: int | None
-    pid: int | None
+    pid: int | None = Field(description="vLLM's main process")
+    pgid: int | None = Field(description="its process group: the reaper and everything vLLM started")
     error: str | None
     last_lines: list[str] = Field(description="when failed: vLLM's last lines")
     in_flight: int = Field(description="/v1 requests it is answering now")

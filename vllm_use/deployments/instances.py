@@ -93,9 +93,11 @@ class Instances:
             "idle_deadline": iso(int(use.idle_deadline * 1000)) if use.idle_deadline else None,
         }
         if supervisor is None or supervisor.state is RuntimeState.STOPPED:
-            return {"state": UNLOADED, "port": None, "pid": None, "error": None, "last_lines": [], **usage}
+            empty = {"port": None, "pid": None, "pgid": None, "error": None, "last_lines": []}
+            return {"state": UNLOADED, **empty, **usage}
         status = supervisor.status()
-        return {**{key: status[key] for key in ("state", "port", "pid", "error", "last_lines")}, **usage}
+        shown = ("state", "port", "pid", "pgid", "error", "last_lines")
+        return {**{key: status[key] for key in shown}, **usage}
 
     def listing(self) -> list[dict[str, Any]]:
         """Every deployment and alias as `GET /v1/models` shows it (docs/router.md): nothing is
