@@ -188,6 +188,8 @@ class Instances:
         supervisor = self._supervisors.get(name)
         if supervisor is not None and not supervisor.state.live:
             del self._supervisors[name]
+            self._disarm(name)
+            self._use.pop(name, None)
 
     async def shutdown(self) -> None:
         for name, supervisor in list(self._supervisors.items()):
