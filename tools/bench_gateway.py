@@ -99,7 +99,12 @@ def serve_upstream(port: int) -> None:
         def get(self) -> None:
             self.finish(str(accepted[0]))
 
-    app = tornado.web.Application([(r"/v1/chat/completions", Completions), (r"/_accepted", Accepted)])
+    class Health(tornado.web.RequestHandler):  # what vllm-use polls when this stands in for vLLM
+        def get(self) -> None:
+            self.finish(b"")
+
+    routes = [(r"/v1/chat/completions", Completions), (r"/_accepted", Accepted), (r"/health", Health)]
+    app = tornado.web.Application(routes)
     server = tornado.httpserver.HTTPServer(app)
     handle_stream = server.handle_stream
 
@@ -413,15 +418,13 @@ async def run(
         for name in ("gateway", "gateway + conv-id"):
             value = rows[(name, stream, 32)]["gw_cpu"]
             print(f"   {label:<34} {name:<18} {value:6.2f} ms  {mark(value, target_ms)}")
-    for other in others:  # --baseline: before / after
+    for other in others:  # --baseline: before / after; --deployments: routing to an instance
         for stream in (True, False):
             for concurrency in (1, 32):
-                ratio = (
-                    rows[(other.name, stream, concurrency)]["gw_cpu"]
-                    / rows[("gateway", stream, concurrency)]["gw_cpu"]
-                )
+                theirs = rows[(other.name, stream, concurrency)]["gw_cpu"]
+                ours = rows[("gateway", stream, concurrency)]["gw_cpu"]
                 label = f"CPU {other.name} / gateway, c={concurrency}, {'stream' if stream else 'small'}"
-                print(f"   {label:<53} {ratio:6.2f}×")
+                print(f"   {label:<53} {theirs / ours:6.2f}×  ({(theirs - ours) * 1000:+.0f} µs per request)")
     for stream in (False, True):
         for name in ("gateway", "gateway + conv-id"):
             added = rows[(name, stream, 1)]["ttfb50"] - rows[("upstream direct", stream, 1)]["ttfb50"]
@@ -447,7 +450,44 @@ async def run(
     )
 
 
+# `--deployments N`: the gateway's --vllm-bin is this launcher, which serves the same fast upstream
+# on the port vllm-use gives each deployment's instance (`vllm serve MODEL --port=P ...`).
+AS_VLLM = "--as-vllm"
+LAUNCHER = """#!/bin/sh
+exec {python} {bench} {flag} "$@"
+"""
+
+
+def serve_as_vllm(argv: list[str]) -> None:
+    """`vllm serve MODEL --port=P …` as vllm-use spawns a deployment's instance: the fast upstream on P."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--port="):
+            serve_upstream(int(arg.split("=", 1)[1]))
+            return
+        if arg == "--port":
+            serve_upstream(int(argv[i + 1]))
+            return
+    raise SystemExit("no --port")
+
+
+def add_deployments(server: Server, count: int) -> str:
+    """`count` deployments over as many model directories, the first loaded; its name."""
+    for i in range(count):
+        directory = server.data_dir / "models" / f"m{i}"
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text("{}")
+        r = server.fetch("/api/models/local", "POST", json={"name": f"m{i}", "path": f"m{i}"})
+        body = {"name": f"dep-{i}", "model_id": r.json()["model"]["id"], "aliases": [f"dep-{i}-alias"]}
+        assert server.fetch("/api/deployments", "POST", json=body).status_code == 201
+    r = server.fetch("/api/deployments/dep-0/load?wait=60", "POST", timeout=90)
+    assert r.status_code == 200 and r.json()["state"] == "ready", r.text
+    return "dep-0"
+
+
 def main() -> None:
+    if sys.argv[1:2] == [AS_VLLM]:
+        serve_as_vllm(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--c1", type=int, default=300, help="requests per row at concurrency 1")
@@ -457,6 +497,14 @@ def main() -> None:
         "--profile",
         metavar="FILE",
         help="run the gateway under cProfile; write the stats to FILE, print the top",
+    )
+    parser.add_argument(
+        "--deployments",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also save N deployments and relay to the first one's instance (the same fast upstream, "
+        "started by vllm-use as it starts vLLM): routing's cost, side by side with the plain gateway",
     )
     parser.add_argument(
         "--baseline",
@@ -478,12 +526,22 @@ def main() -> None:
                     PROFILER.format(out=str(Path(opts.profile).resolve()))
                 )
                 env["PYTHONPATH"] = os.pathsep.join([tmp, str(REPO)])
+            router: tuple[str, ...] = ()
+            if opts.deployments:
+                launcher = Path(tmp, "vllm")
+                launcher.write_text(
+                    LAUNCHER.format(python=sys.executable, bench=Path(__file__).resolve(), flag=AS_VLLM)
+                )
+                launcher.chmod(0o755)
+                first = free_port()
+                router = ("--vllm-bin", str(launcher), "--runtime-ports", f"{first}-{first + 9}")
             server = start_server(
                 Path(tmp) / "data",
                 "--upstream",
                 f"http://127.0.0.1:{upstream_port}",
                 "--model-aliases",
                 "fast=tiny",
+                *router,
                 env=env,
             )
             extra: list[Server] = []
@@ -493,6 +551,12 @@ def main() -> None:
                 gw_port = int(server.base_url.rsplit(":", 1)[1])
                 print(f"gateway {server.base_url} (pid {server.proc.pid}), upstream port {upstream_port}")
                 others: list[Target] = []
+                if opts.deployments:
+                    name = add_deployments(server, opts.deployments)
+                    others.append(Target("gw → deployment", gw_port, name, secrets, pid=server.proc.pid))
+                    print(
+                        f"{opts.deployments} deployments saved, {name} loaded (its instance is the fast upstream)"
+                    )
                 wanted: list[tuple[str, dict[str, str], Path]] = []  # name, environment, code
                 if opts.baseline:
                     tree = Path(tmp, "baseline")
