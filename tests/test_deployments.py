@@ -66,6 +66,7 @@ def test_a_deployment_is_saved_with_its_defaults_and_read_back(server: Server, m
         "pgid": None,
         "error": None,
         "last_lines": [],
+        "restart_required": False,
         "in_flight": 0,
         "last_used": None,
         "idle_deadline": None,
@@ -642,3 +643,15 @@ def test_a_conversation_id_naming_another_deployment_than_the_body_is_refused(ro
     assert router.fetch("/api/deployments/one").json()["instance"]["state"] == "unloaded"  # nothing loaded
     assert send("c2::uno").status_code == 200  # an alias of the same deployment
     assert send("c3").status_code == 200
+
+
+def test_a_change_to_a_loaded_deployment_applies_at_its_next_load(router: Server) -> None:
+    model_id = register(router, "alpha")
+    options = {"start_timeout_s": START_TIMEOUT_S}
+    assert create(router, {"name": "llama", "model_id": model_id, "options": options}).status_code == 201
+    assert load(router, "llama").json()["restart_required"] is False
+    r = router.fetch("/api/deployments/llama", "PATCH", json={"options": {**options, "max_model_len": 1024}})
+    assert r.status_code == 200 and r.json()["instance"]["restart_required"] is True, r.text
+    assert router.fetch("/api/deployments/llama/unload", "POST").json()["restart_required"] is False
+    reloaded = load(router, "llama").json()
+    assert reloaded["state"] == "ready" and reloaded["restart_required"] is False

@@ -72,6 +72,9 @@ class InstanceOut(Result):
     pgid: int | None = Field(description="its process group: the reaper and everything vLLM started")
     error: str | None
     last_lines: list[str] = Field(description="when failed: vLLM's last lines")
+    restart_required: bool = Field(
+        description="the deployment was changed since its instance started: unload and load it to apply"
+    )
     in_flight: int = Field(description="/v1 requests it is answering now")
     last_used: str | None = Field(description="when its last request ended")
     idle_deadline: str | None = Field(description="when idle_action runs, if it stays idle")
@@ -255,7 +258,8 @@ def register(registry: Registry) -> None:
     )(create)
     registry.method(
         "deployments.update",
-        "Change a deployment's fields (those given; options and aliases are replaced as a whole).",
+        "Change a deployment's fields (those given; options and aliases are replaced as a whole). A "
+        "loaded instance keeps running as it was started (restart_required) until it is loaded again.",
         UpdateArgs,
         DeploymentOut,
         RUNTIME_WRITE,

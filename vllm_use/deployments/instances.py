@@ -55,6 +55,7 @@ class Instances:
         self._use: dict[str, _Use] = {}
         self._saved: dict[str, dict[str, Any]] = {}  # the deployments as saved, by name
         self._cards: dict[str, dict[str, Any]] = {}  # their models' cards, by deployment name
+        self._spawned_as: dict[str, str] = {}  # the `updated_at` of the deployment each instance runs
         self.names: dict[str, str] = {}  # a deployment's name or alias → its name
         # What the gateway rewrites `model` from and to: --model-aliases and the deployments' aliases.
         self.aliases: dict[str, str] = dict(config.model_aliases)
@@ -94,10 +95,14 @@ class Instances:
         }
         if supervisor is None or supervisor.state is RuntimeState.STOPPED:
             empty = {"port": None, "pid": None, "pgid": None, "error": None, "last_lines": []}
-            return {"state": UNLOADED, **empty, **usage}
+            return {"state": UNLOADED, **empty, "restart_required": False, **usage}
         status = supervisor.status()
         shown = ("state", "port", "pid", "pgid", "error", "last_lines")
-        return {**{key: status[key] for key in shown}, **usage}
+        saved = self._saved.get(name)
+        changed = (
+            supervisor.state.live and saved is not None and self._spawned_as.get(name) != saved["updated_at"]
+        )
+        return {**{key: status[key] for key in shown}, "restart_required": changed, **usage}
 
     def listing(self) -> list[dict[str, Any]]:
         """Every deployment and alias as `GET /v1/models` shows it (docs/router.md): nothing is
@@ -173,9 +178,11 @@ class Instances:
             raise Conflict(f"deployment {name} is {supervisor.state}", state=supervisor.state.value)
         saved = RuntimeOptions.model_validate_json(json.dumps(deployment["options"]))
         options = saved.model_copy(update={"served_model_name": name, "port": self._free_port()})
-        return supervisor.spawn(
+        child = supervisor.spawn(
             str(model_path), options, active_model_id=deployment["model_id"], model_path=model_path
         )
+        self._spawned_as[name] = deployment["updated_at"]  # the version it runs
+        return child
 
     async def stop(self, name: str, grace_s: float) -> dict[str, Any]:
         supervisor = self._supervisors.get(name)
@@ -190,6 +197,7 @@ class Instances:
             del self._supervisors[name]
             self._disarm(name)
             self._use.pop(name, None)
+            self._spawned_as.pop(name, None)
 
     async def shutdown(self) -> None:
         for name, supervisor in list(self._supervisors.items()):
