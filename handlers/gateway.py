@@ -296,7 +296,8 @@ class RelayHandler(GatewaySurface):
 
     async def _relay(self, method: str, body: bytes | None, rewrite: Any = None) -> None:
         deployment = self.app.instances.names.get(self.model_sent) if self.model_sent else None
-        if deployment is not None and not self.app.config.no_autoload:
+        loading = deployment is not None and self.app.instances.target(deployment) is None
+        if deployment is not None and loading and not self.app.config.no_autoload:
             # Not a byte is sent until the instance is ready, so a failed load is still an error status.
             try:
                 await self.app.instances.ensure_ready(deployment)

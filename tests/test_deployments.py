@@ -21,6 +21,7 @@ import pytest
 from tests.fakes import fake_vllm_bin
 from tests.support.server import Server, eventually, free_port, start_server
 from vllm_use.deployments.records import ALIASES_MAX, IDLE_TIMEOUT_MAX_S, STOP_TIMEOUT_MAX_S
+from vllm_use.runtime.supervisor import REAP_CAP_S, TERM_GRACE_S
 
 
 def register(server: Server, name: str) -> str:
@@ -370,7 +371,7 @@ def test_sigkill_of_vllm_use_takes_every_instance_with_it(router: Server) -> Non
     router.proc.kill()
     router.proc.wait(10)
     # Each instance's reaper sees its parent die and kills its group (docs/runtime.md).
-    eventually(lambda: not any(_alive(pid) for pid in pids), timeout=30)
+    eventually(lambda: not any(_alive(pid) for pid in pids), timeout=REAP_CAP_S)
 
 
 def test_an_idle_instance_is_stopped_after_its_timeout_counted_from_its_last_request(tmp_path: Path) -> None:
@@ -404,13 +405,13 @@ def test_an_idle_instance_is_stopped_after_its_timeout_counted_from_its_last_req
             instance = router.fetch("/api/deployments/llama").json()["instance"]
             return instance if instance["in_flight"] == 0 and instance["idle_deadline"] else None
 
-        instance = eventually(idle_again, timeout=10)
+        instance = eventually(idle_again, timeout=START_TIMEOUT_S)  # the client left: the relay ends
         assert instance["idle_deadline"] > instance["last_used"]
 
         def unloaded() -> bool:
             return router.fetch("/api/deployments/llama").json()["instance"]["state"] == "unloaded"
 
-        eventually(unloaded, timeout=idle_s + 30)
+        eventually(unloaded, timeout=idle_s + TERM_GRACE_S + REAP_CAP_S)  # the timer, then the stop
         assert not _alive(loaded["pid"])
     finally:
         router.stop()

@@ -7,16 +7,14 @@ Slow on purpose (each load starts a real engine, ~20-60 s on 2 cores): one scena
 
 from __future__ import annotations
 
-import shutil
 import signal
-import tempfile
 from pathlib import Path
 
 import httpx
 import openai
 
-from tests.support.real_vllm import RealVllm, group_members, vllm_child_env
-from tests.support.server import eventually, free_port, start_server
+from tests.support.real_vllm import RealVllm, group_members, serving_real_vllm
+from tests.support.server import eventually, free_port
 from vllm_use.runtime.supervisor import REAP_CAP_S
 
 OPTIONS = {
@@ -31,24 +29,11 @@ LOAD_WAIT_S = OPTIONS["start_timeout_s"]
 def test_two_real_deployments_load_on_demand_evict_each_other_and_die_with_vllm_use(
     tmp_path: Path, real_vllm: RealVllm, tiny_models: tuple[Path, Path]
 ) -> None:
-    data = tmp_path / "data"
-    for name, source in zip(("tiny-one", "tiny-two"), tiny_models, strict=True):
-        shutil.copytree(source, data / "models" / name)
-    short_tmp = Path(tempfile.mkdtemp(prefix="vu-", dir="/tmp"))  # vLLM's ZMQ socket paths must stay short
     first_port = free_port()
-    server = start_server(
-        data,
-        "--vllm-bin",
-        str(real_vllm.vllm),
-        "--runtime-ports",
-        f"{first_port}-{first_port + 9}",
-        "--max-loaded",
-        "1",
-        "--load-wait-timeout",
-        str(LOAD_WAIT_S),
-        env=vllm_child_env(tmp_path / "scratch", short_tmp),
-    )
-    try:
+    flags = ("--runtime-ports", f"{first_port}-{first_port + 9}", "--max-loaded", "1")
+    flags += ("--load-wait-timeout", str(LOAD_WAIT_S))
+    models = dict(zip(("tiny-one", "tiny-two"), tiny_models, strict=True))
+    with serving_real_vllm(tmp_path, real_vllm, models, *flags) as server:
         for name in ("one", "two"):
             r = server.fetch(
                 "/api/models/local", "POST", json={"name": f"tiny-{name}", "path": f"tiny-{name}"}
@@ -85,7 +70,3 @@ def test_two_real_deployments_load_on_demand_evict_each_other_and_die_with_vllm_
 
         server.stop(signal.SIGKILL)
         eventually(lambda: group_members(two["pgid"]) == [], timeout=REAP_CAP_S)
-    finally:
-        if server.proc.poll() is None:
-            server.stop()
-        shutil.rmtree(short_tmp, ignore_errors=True)

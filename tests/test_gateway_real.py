@@ -6,8 +6,6 @@ streamed and not. Embeddings are tested on the fake upstream only (a generative 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support.real_vllm import RealVllm, settle, vllm_child_env
-from tests.support.server import Server, free_port, start_server
+from tests.support.real_vllm import RealVllm, serving_real_vllm, settle
+from tests.support.server import Server, free_port
 
 try:  # anthropic >= 2 is built on httpx2 and refuses httpx clients
     import httpx2 as anthropic_httpx
@@ -38,20 +36,8 @@ def gateway(
     tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVllm, tiny_models: tuple[Path, Path]
 ) -> Iterator[tuple[Server, str]]:
     tmp = tmp_path_factory.mktemp("gateway-real")
-    data = tmp / "data"
-    shutil.copytree(tiny_models[0], data / "models" / "tiny")
-    short_tmp = Path(tempfile.mkdtemp(prefix="vu-", dir="/tmp"))
-    server = start_server(
-        data,
-        "--vllm-bin",
-        str(real_vllm.vllm),
-        "--runtime-port",
-        str(free_port()),
-        "--model-aliases",
-        "fast=tiny",
-        env=vllm_child_env(tmp / "scratch", short_tmp),
-    )
-    try:
+    flags = ("--runtime-port", str(free_port()), "--model-aliases", "fast=tiny")
+    with serving_real_vllm(tmp, real_vllm, {"tiny": tiny_models[0]}, *flags) as server:
         model = server.fetch("/api/models/local", "POST", json={"name": "tiny", "path": "tiny"}).json()[
             "model"
         ]
@@ -60,10 +46,7 @@ def gateway(
         r = settle(server, "/api/runtime/switch", body, start_timeout_s=OPTIONS["start_timeout_s"])
         assert r.status_code == 200, r.text
         yield server, server.create_key("inference")[1]
-    finally:
         server.fetch("/api/runtime/stop", "POST")
-        server.stop()
-        shutil.rmtree(short_tmp, ignore_errors=True)
 
 
 def test_openai_sdk_chat_and_completions_through_the_gateway(gateway: tuple[Server, str]) -> None:

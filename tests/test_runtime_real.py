@@ -11,18 +11,16 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
-import shutil
 import signal
 import socket
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.real_vllm import RealVllm, group_members, settle, vllm_child_env
-from tests.support.server import eventually, free_port, start_server
+from tests.support.real_vllm import RealVllm, group_members, serving_real_vllm, settle
+from tests.support.server import eventually, free_port
 from vllm_use.runtime.supervisor import REAP_CAP_S
 
 OPTIONS = {
@@ -52,32 +50,20 @@ def chat(server: Any, model: str) -> str:
 
 @pytest.fixture
 def real_server(tmp_path: Path, real_vllm: RealVllm, tiny_models: tuple[Path, Path]):
-    data = tmp_path / "data"
-    for name, source in zip(("tiny-one", "tiny-two"), tiny_models, strict=True):
-        shutil.copytree(source, data / "models" / name)
-    short_tmp = Path(tempfile.mkdtemp(prefix="vu-", dir="/tmp"))  # vLLM's ZMQ socket paths must stay short
     port = free_port()
-    server = start_server(
-        data,
-        "--vllm-bin",
-        str(real_vllm.vllm),
-        "--runtime-port",
-        str(port),
-        env=vllm_child_env(tmp_path / "scratch", short_tmp),
-    )
-    server.runtime_port = port  # type: ignore[attr-defined]
-    ids = []
-    for name in ("tiny-one", "tiny-two"):
-        r = server.fetch("/api/models/local", "POST", json={"name": name, "path": name})
-        assert r.status_code == 201, r.text
-        ids.append(r.json()["model"]["id"])
-    server.model_ids = ids  # type: ignore[attr-defined]
-    server.inference_key = server.create_key("inference")[1]  # type: ignore[attr-defined]
-    yield server
-    if server.proc.poll() is None:
-        server.fetch("/api/runtime/stop", "POST")
-        server.stop()
-    shutil.rmtree(short_tmp, ignore_errors=True)
+    models = dict(zip(("tiny-one", "tiny-two"), tiny_models, strict=True))
+    with serving_real_vllm(tmp_path, real_vllm, models, "--runtime-port", str(port)) as server:
+        server.runtime_port = port  # type: ignore[attr-defined]
+        ids = []
+        for name in ("tiny-one", "tiny-two"):
+            r = server.fetch("/api/models/local", "POST", json={"name": name, "path": name})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["model"]["id"])
+        server.model_ids = ids  # type: ignore[attr-defined]
+        server.inference_key = server.create_key("inference")[1]  # type: ignore[attr-defined]
+        yield server
+        if server.proc.poll() is None:
+            server.fetch("/api/runtime/stop", "POST")
 
 
 def switch_and_wait(server: Any, model_id: str) -> httpx.Response:

@@ -479,7 +479,9 @@ def add_deployments(server: Server, count: int) -> str:
         r = server.fetch("/api/models/local", "POST", json={"name": f"m{i}", "path": f"m{i}"})
         body = {"name": f"dep-{i}", "model_id": r.json()["model"]["id"], "aliases": [f"dep-{i}-alias"]}
         assert server.fetch("/api/deployments", "POST", json=body).status_code == 201
-    r = server.fetch("/api/deployments/dep-0/load?wait=60", "POST", timeout=90)
+    # The bound only ends a hang: the fast upstream starts in well under a second.
+    wait = 120
+    r = server.fetch(f"/api/deployments/dep-0/load?wait={wait}", "POST", timeout=wait + 30)
     assert r.status_code == 200 and r.json()["state"] == "ready", r.text
     return "dep-0"
 

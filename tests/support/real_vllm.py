@@ -46,7 +46,7 @@ import httpx
 import pytest
 
 from tests.support import REPO
-from tests.support.server import Server, free_port
+from tests.support.server import Server, free_port, start_server
 from vllm_use.runtime.supervisor import POLL_S, REAP_CAP_S, TERM_GRACE_S
 
 VLLM_VERSION = "0.32.0+cpu"
@@ -305,4 +305,29 @@ def serve_vllm(
         yield server
     finally:
         server.stop()
+        shutil.rmtree(short_tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def serving_real_vllm(
+    root: Path, real_vllm: RealVllm, models: dict[str, Path], *flags: str
+) -> Iterator[Server]:
+    """`vllm-use serve` (data under `root`) whose `--vllm-bin` is the real CPU vLLM, with each of
+    `models` copied under its models root as the directory named by its key, and the children's
+    environment from `vllm_child_env` (scratch under `root`, a short TMPDIR). Stopped, and the
+    TMPDIR removed, on the way out."""
+    data = root / "data"
+    for name, source in models.items():
+        shutil.copytree(source, data / "models" / name)
+    short_tmp = Path(tempfile.mkdtemp(prefix="vu-", dir="/tmp"))  # vLLM's ZMQ socket paths must stay short
+    try:
+        server = start_server(
+            data, "--vllm-bin", str(real_vllm.vllm), *flags, env=vllm_child_env(root / "scratch", short_tmp)
+        )
+        try:
+            yield server
+        finally:
+            if server.proc.poll() is None:
+                server.stop()
+    finally:
         shutil.rmtree(short_tmp, ignore_errors=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 from vllm_use.clock import iso
 from vllm_use.config import Config
+from vllm_use.deployments.records import STOP_TIMEOUT_DEFAULT_S
 from vllm_use.errors import Conflict, ModelLoading
 from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.options import RuntimeOptions
@@ -163,7 +164,7 @@ class Instances:
             )
             self._disarm(victim)
             await self._supervisors[victim].stop(
-                grace_s=self._saved.get(victim, {}).get("stop_timeout_s", 10)
+                grace_s=self._saved.get(victim, {}).get("stop_timeout_s", STOP_TIMEOUT_DEFAULT_S)
             )
 
     def spawn(self, deployment: dict[str, Any], model_path: Path) -> Child:

@@ -22,6 +22,7 @@ from vllm_use.runtime.options import NAME_PATTERN, Name, RuntimeOptions
 ALIASES_MAX = 16
 IDLE_TIMEOUT_MAX_S = 7 * 24 * 3600
 STOP_TIMEOUT_MAX_S = 600
+STOP_TIMEOUT_DEFAULT_S = 10
 # Options a deployment decides itself: its name is the served model name, its model comes from the
 # registry, its port from the ports vllm-use hands out.
 OWN_OPTIONS = ("model", "served_model_name", "port")
@@ -66,7 +67,10 @@ class DeploymentSettings(Args):
         default=IdleAction.STOP, description="sleep (where vLLM's sleep mode works; else stop) or stop"
     )
     stop_timeout_s: int = Field(
-        default=10, ge=1, le=STOP_TIMEOUT_MAX_S, description="seconds between SIGTERM and SIGKILL on stop"
+        default=STOP_TIMEOUT_DEFAULT_S,
+        ge=1,
+        le=STOP_TIMEOUT_MAX_S,
+        description="seconds between SIGTERM and SIGKILL on stop",
     )
 
     @field_validator("options")
