@@ -64,13 +64,24 @@ class Instances:
         # composition root to abilities.deployments.begin_load, which knows the models.
         self.loader: Callable[[str], Awaitable[Child]] | None = None
         self.waiting = 0  # /v1 requests waiting for an instance to become ready
+        self._listeners: set[Callable[[str], None]] = set()
+
+    def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call `listener(name)` when what `deployments.get` shows of `name` may have changed (its
+        record, its instance's state, use or idle deadline); a deleted deployment's name is passed
+        once more after it is gone. Returns the unsubscribe function. Listeners must not block."""
+        self._listeners.add(listener)
+        return lambda: self._listeners.discard(listener)
+
+    def _changed(self, name: str) -> None:
+        for listener in list(self._listeners):
+            listener(name)
 
     def set_names(
         self, deployments: list[dict[str, Any]], cards: dict[str, dict[str, Any]] | None = None
     ) -> None:
         """The deployments as saved now (after each change of the table), and what each one's
         model's config.json says (`models.files.model_card`, for `GET /v1/models`)."""
-        self._saved = {d["name"]: d for d in deployments}
         self._cards = cards or {}
         self.names = {
             name: deployment["name"]
@@ -79,6 +90,10 @@ class Instances:
         }
         own = {alias: d["name"] for d in deployments for alias in d["aliases"]}
         self.aliases = {**self.config.model_aliases, **own}
+        before, self._saved = self._saved, {d["name"]: d for d in deployments}
+        for name in sorted(before.keys() | self._saved.keys()):
+            if before.get(name) != self._saved.get(name):
+                self._changed(name)
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -104,6 +119,12 @@ class Instances:
             supervisor.state.live and saved is not None and self._spawned_as.get(name) != saved["updated_at"]
         )
         return {**{key: status[key] for key in shown}, "restart_required": changed, **usage}
+
+    def view(self, name: str) -> dict[str, Any] | None:
+        """`name` as `deployments.get` shows it (the record as last saved, its instance now), or None
+        when no deployment has that name: for the events stream, without a query."""
+        saved = self._saved.get(name)
+        return None if saved is None else {**saved, "instance": self.status(name)}
 
     def listing(self) -> list[dict[str, Any]]:
         """Every deployment and alias as `GET /v1/models` shows it (docs/router.md): nothing is
@@ -242,6 +263,7 @@ class Instances:
         use = self._use.setdefault(name, _Use())
         use.in_flight += 1
         self._disarm(name)
+        self._changed(name)
 
     def end(self, name: str) -> None:
         """A request to `name`'s instance ended: the idle timer counts from now."""
@@ -250,10 +272,12 @@ class Instances:
         use.last_used = time.time()
         if not use.in_flight:
             self._arm(name)
+        self._changed(name)
 
     def _on_state(self, name: str, kind: str, status: dict[str, Any] | None) -> None:
         if kind != "state" or status is None:
             return
+        self._changed(name)
         if status["state"] == RuntimeState.READY:
             self._arm(name)  # loaded and not used yet: idle from now
         elif status["state"] != RuntimeState.STARTING:
