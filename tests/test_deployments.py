@@ -8,7 +8,6 @@ about what is saved.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import sqlite3
 import time
@@ -19,19 +18,22 @@ from typing import Any
 import pytest
 
 from tests.fakes import fake_vllm_bin
+from tests.support.deployments import (
+    START_TIMEOUT_S,
+    alive,
+    chat,
+    create,
+    deploy,
+    instance,
+    load,
+    on_demand_server,
+    register,
+    states,
+    streaming,
+)
 from tests.support.server import Server, eventually, free_port, start_server
 from vllm_use.deployments.records import ALIASES_MAX, IDLE_TIMEOUT_MAX_S, STOP_TIMEOUT_MAX_S
 from vllm_use.runtime.supervisor import REAP_CAP_S, TERM_GRACE_S
-
-
-def register(server: Server, name: str) -> str:
-    """A ready local model `name` (a directory with a config.json); its id."""
-    directory = server.data_dir / "models" / name
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text("{}")
-    r = server.fetch("/api/models/local", "POST", json={"name": name, "path": name})
-    assert r.status_code == 201, r.text
-    return r.json()["model"]["id"]
 
 
 @pytest.fixture
@@ -44,10 +46,6 @@ def server(tmp_path: Path) -> Iterator[Server]:
 @pytest.fixture
 def model_id(server: Server) -> str:
     return register(server, "alpha")
-
-
-def create(server: Server, body: dict[str, Any]) -> Any:
-    return server.fetch("/api/deployments", "POST", json=body)
 
 
 def names(server: Server) -> list[str]:
@@ -69,8 +67,10 @@ def test_a_deployment_is_saved_with_its_defaults_and_read_back(server: Server, m
         "last_lines": [],
         "restart_required": False,
         "in_flight": 0,
+        "waiting": 0,
         "last_used": None,
         "idle_deadline": None,
+        "sleep_supported": False,  # no NVIDIA GPU here: idle_action sleep stops
     }
     assert {k: v for k, v in saved.items() if not k.endswith("_at") and k != "instance"} == {
         "name": "llama",
@@ -259,9 +259,6 @@ def test_mcp_sees_the_same_methods_with_its_own_scopes(server: Server, model_id:
 
 # --- instances: load, route, unload ----------------------------------------------------------------
 
-START_TIMEOUT_S = 60  # the fake is healthy within a second; the bound only ends a hang
-LONG = " ".join(["word"] * 300)  # the fake echoes it one piece per word: 300 pieces
-
 
 @pytest.fixture
 def router(tmp_path: Path) -> Iterator[Server]:
@@ -274,19 +271,6 @@ def router(tmp_path: Path) -> Iterator[Server]:
     )
     yield srv
     srv.stop()
-
-
-def load(server: Server, name: str) -> Any:
-    return server.fetch(
-        f"/api/deployments/{name}/load?wait={START_TIMEOUT_S}", "POST", timeout=START_TIMEOUT_S + 10
-    )
-
-
-def chat(server: Server, secret: str, model: str) -> Any:
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-    return server.fetch(
-        "/v1/chat/completions", "POST", json=body, token=None, headers={"Authorization": f"Bearer {secret}"}
-    )
 
 
 def test_a_loaded_deployment_answers_by_name_and_alias_and_unloads(router: Server) -> None:
@@ -313,7 +297,7 @@ def test_a_loaded_deployment_answers_by_name_and_alias_and_unloads(router: Serve
 
     r = router.fetch("/api/deployments/llama/unload", "POST")
     assert r.status_code == 200 and r.json()["state"] == "unloaded", r.text
-    assert not _alive(loaded["pid"])
+    assert not alive(loaded["pid"])
 
 
 def test_two_deployments_run_side_by_side_and_delete_stops_its_instance(router: Server) -> None:
@@ -329,35 +313,9 @@ def test_two_deployments_run_side_by_side_and_delete_stops_its_instance(router: 
     assert router.fetch(f"/api/models/{first}", "DELETE").status_code == 409
     r = router.fetch("/api/deployments/one", "DELETE")
     assert r.status_code == 200, r.text
-    assert not _alive(one["pid"])
+    assert not alive(one["pid"])
     assert chat(router, secret, "one").status_code != 200
     assert chat(router, secret, "two").status_code == 200
-
-
-@contextlib.contextmanager
-def streaming(server: Server, secret: str, model: str) -> Iterator[Iterator[bytes]]:
-    """A long stream from `model` (LONG echoed, one piece per word), open after its first chunk;
-    yields the rest of its raw chunks. Keep them referenced: a dropped httpx `iter_raw` generator
-    closes the stream."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": LONG}],
-        "max_tokens": 400,
-        "stream": True,
-    }
-    url, auth = server.base_url + "/v1/chat/completions", {"Authorization": f"Bearer {secret}"}
-    with server.client.stream("POST", url, json=body, headers=auth) as r:
-        assert r.status_code == 200
-        chunks = r.iter_raw()
-        next(chunks)
-        yield chunks
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
-    except FileNotFoundError:
-        return False
 
 
 def test_sigkill_of_vllm_use_takes_every_instance_with_it(router: Server) -> None:
@@ -367,11 +325,11 @@ def test_sigkill_of_vllm_use_takes_every_instance_with_it(router: Server) -> Non
     for name in ("one", "two"):
         assert create(router, {"name": name, "model_id": model_id, "options": options}).status_code == 201
         pids.append(load(router, name).json()["pid"])
-    assert all(_alive(pid) for pid in pids)
+    assert all(alive(pid) for pid in pids)
     router.proc.kill()
     router.proc.wait(10)
     # Each instance's reaper sees its parent die and kills its group (docs/runtime.md).
-    eventually(lambda: not any(_alive(pid) for pid in pids), timeout=REAP_CAP_S)
+    eventually(lambda: not any(alive(pid) for pid in pids), timeout=REAP_CAP_S)
 
 
 def test_an_idle_instance_is_stopped_after_its_timeout_counted_from_its_last_request(tmp_path: Path) -> None:
@@ -412,7 +370,7 @@ def test_an_idle_instance_is_stopped_after_its_timeout_counted_from_its_last_req
             return router.fetch("/api/deployments/llama").json()["instance"]["state"] == "unloaded"
 
         eventually(unloaded, timeout=idle_s + TERM_GRACE_S + REAP_CAP_S)  # the timer, then the stop
-        assert not _alive(loaded["pid"])
+        assert not alive(loaded["pid"])
     finally:
         router.stop()
 
@@ -443,25 +401,10 @@ def test_load_on_start_loads_at_boot_and_the_others_are_listed_unloaded(tmp_path
         pid = server.fetch("/api/deployments/boot").json()["instance"]["pid"]
     finally:
         server.stop()
-    assert not _alive(pid)  # a clean stop of vllm-use stops its instances
+    assert not alive(pid)  # a clean stop of vllm-use stops its instances
 
 
 # --- loading on demand -------------------------------------------------------------------------------
-
-
-def on_demand_server(tmp_path: Path, *flags: str, **knobs: object) -> Server:
-    vllm = fake_vllm_bin(tmp_path / "bin", max_lifetime=300, **knobs)
-    first = free_port()
-    return start_server(
-        tmp_path / "data", "--vllm-bin", str(vllm), "--runtime-ports", f"{first}-{first + 9}", *flags
-    )
-
-
-def deploy(server: Server, name: str = "llama") -> str:
-    model_id = register(server, "alpha")
-    body = {"name": name, "model_id": model_id, "options": {"start_timeout_s": START_TIMEOUT_S}}
-    assert create(server, body).status_code == 201
-    return server.create_key("inference")[1]
 
 
 def test_a_request_for_an_unloaded_deployment_loads_it_and_waits_without_a_byte(tmp_path: Path) -> None:
@@ -556,8 +499,8 @@ def test_a_failed_load_is_a_502_without_vllms_lines(tmp_path: Path) -> None:
 # --- capacity -----------------------------------------------------------------------------------------
 
 
-def test_max_loaded_one_evicts_the_idle_instance_and_refuses_when_none_is_idle(tmp_path: Path) -> None:
-    server = on_demand_server(tmp_path, "--max-loaded", "1", token_seconds=0.05)
+def test_max_loaded_one_evicts_the_idle_instance_and_a_request_waits_for_room(tmp_path: Path) -> None:
+    server = on_demand_server(tmp_path, "--max-loaded", "1", "--load-wait-timeout", "4", token_seconds=0.05)
     try:
         secret = deploy(server, "one")
         second = register(server, "beta")
@@ -567,23 +510,31 @@ def test_max_loaded_one_evicts_the_idle_instance_and_refuses_when_none_is_idle(t
         assert first["state"] == "ready"
         # "two" is asked for: "one" is idle, so it is stopped (its whole group) and "two" loads.
         assert chat(server, secret, "two").status_code == 200
-        states = {
-            d["name"]: d["instance"]["state"] for d in server.fetch("/api/deployments").json()["deployments"]
-        }
-        assert states == {"one": "unloaded", "two": "ready"}
-        assert not _alive(first["pid"])
-        # While "two" streams, it is not idle: "one" cannot make room and is refused for now.
-        with streaming(server, secret, "two"):
-            refused = chat(server, secret, "one")
-            assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_loading", (
-                refused.text
-            )
-            assert "retry-after" in refused.headers
-        # A pinned instance is never evicted.
-        assert server.fetch("/api/deployments/two", "PATCH", json={"pinned": True}).status_code == 200
-        assert chat(server, secret, "one").status_code == 503
-        assert server.fetch("/api/deployments/two", "PATCH", json={"pinned": False}).status_code == 200
-        assert chat(server, secret, "one").status_code == 200
+        assert states(server) == {"one": "unloaded", "two": "ready"}
+        assert not alive(first["pid"])
+        # While "two" streams it is not idle: a request for "one" waits for room, without a byte,
+        # and gets it when the stream ends.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            with streaming(server, secret, "two") as rest:
+                waiting = pool.submit(chat, server, secret, "one")
+                eventually(lambda: instance(server, "one")["waiting"] == 1, timeout=START_TIMEOUT_S)
+                assert states(server) == {"one": "unloaded", "two": "ready"}
+                assert instance(server, "two")["in_flight"] == 1 and not waiting.done()
+                next(rest)  # still streaming
+            answer = waiting.result(timeout=START_TIMEOUT_S)
+        assert answer.status_code == 200, answer.text
+        assert states(server) == {"one": "ready", "two": "unloaded"}
+        # A pinned instance is never evicted: the request waits --load-wait-timeout, then 503.
+        assert server.fetch("/api/deployments/one", "PATCH", json={"pinned": True}).status_code == 200
+        refused = chat(server, secret, "two")
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_loading", refused.text
+        assert "retry-after" in refused.headers
+        assert instance(server, "two")["waiting"] == 0
+        # deployments.load does not wait for room: 503 at once, naming why.
+        r = server.fetch("/api/deployments/two/load", "POST")
+        assert r.status_code == 503 and "--max-loaded 1" in r.json()["error"]["message"], r.text
+        assert server.fetch("/api/deployments/one", "PATCH", json={"pinned": False}).status_code == 200
+        assert chat(server, secret, "two").status_code == 200
     finally:
         server.stop()
 

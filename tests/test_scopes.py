@@ -49,6 +49,8 @@ EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
     "deployments.delete": ("admin.write", "mcp.runtime"),
     "deployments.load": ("admin.write", "mcp.runtime"),
     "deployments.unload": ("admin.write", "mcp.runtime"),
+    "deployments.sleep": ("admin.write", "mcp.runtime"),
+    "deployments.wake": ("admin.write", "mcp.runtime"),
     "api_keys.list": ("admin.read", "mcp.admin"),
     "api_keys.create": ("admin.write", "mcp.admin"),
     "api_keys.enable": ("admin.write", "mcp.admin"),

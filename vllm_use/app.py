@@ -26,7 +26,7 @@ from handlers.base import NotFoundJson
 from handlers.server import GuardedHTTPServer, connection_limit
 from vllm_use import fsafety
 from vllm_use.abilities import build_registry, deployments
-from vllm_use.abilities.gpu import gpu_count
+from vllm_use.abilities.gpu import gpu_count, list_gpus
 from vllm_use.config import Config
 from vllm_use.context import AppContext
 from vllm_use.deployments.instances import Instances
@@ -88,7 +88,10 @@ def build_context(config: Config) -> AppContext:
         raise
     auth = Authenticator(db, token)
     lifecycle = Lifecycle()
-    instances = Instances(config, lifecycle, max_loaded=config.max_loaded or max(gpu_count(), 1))
+    gpus = gpu_count()
+    instances = Instances(
+        config, lifecycle, max_loaded=config.max_loaded or max(gpus, 1), gpu_count=gpus, read_gpus=list_gpus
+    )
     try:
         instances.set_names(*db.run_sync(deployments.read_catalog, db, config.models_dir))
     except CorruptRecord as exc:  # reported by deployments.list too; the rest of the server runs
@@ -109,7 +112,7 @@ def build_context(config: Config) -> AppContext:
     )
     app.lifecycle.add_running_check(app.runtime.is_running)
     app.lifecycle.add_running_check(app.instances.is_running)
-    app.instances.loader = lambda name: deployments.begin_load(app, name)
+    app.instances.loader = lambda name, one_more: deployments.begin_load(app, name, one_more)
     return app
 
 

@@ -90,6 +90,18 @@ def _integer(lo: int, hi: int) -> Reader:
     return read
 
 
+def _fraction(values: _Values, name: str) -> float:
+    """A number in (0, 1]."""
+    value = values.raw(name)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not 0 < number <= 1:  # NaN fails too
+        raise ConfigError(values.label(name), f"must be a number above 0 and at most 1, got {value!r}")
+    return number
+
+
 def _optional(read: Reader, unset: tuple[Any, ...] = (None, "")) -> Reader:
     """`read`, or None when the option's raw value is one of `unset` (not given, or empty)."""
     return lambda values, name: None if values.raw(name) in unset else read(values, name)
@@ -269,6 +281,20 @@ class Config:
             "deployment instances loaded at once; 0: one per GPU, 1 without GPUs (docs/router.md)",
             0,
             _integer(0, 64),
+        )
+    )
+    gpu_memory_budget: float = field(
+        metadata=option(
+            "the share of each GPU's memory that loaded instances may hold together (docs/router.md)",
+            0.95,
+            _fraction,
+        )
+    )
+    max_sleep: int = field(
+        metadata=option(
+            "seconds an instance may sleep before it is stopped to free host memory; 0: no limit",
+            3600,
+            _integer(0, 604_800),
         )
     )
     runtime_ports: range = field(

@@ -14,6 +14,7 @@
     │   └── TooManyStreams            too_many_streams       429    (a key's live resumable sessions)
     ├── TooManySessions               too_many_sessions      503    (the process's live sessions)
     ├── ModelLoading                  model_loading          503    (a deployment still loading, or too many waiting)
+    │   └── NoRoom                    model_loading          503    (no room to load it: count or GPU memory)
     ├── UpstreamUnavailable           upstream_unavailable   502    isError result
     ├── RuntimeFailed                 runtime_failed         502    isError result
     ├── CorruptRecord                 corrupt_record         500    isError result
@@ -177,6 +178,12 @@ class ModelLoading(VllmUseError):
     def __init__(self, message: str, *, retry_after_s: int = 5, **details: Any) -> None:
         super().__init__(message, retry_after_s=retry_after_s, **details)
         self.retry_after_s = retry_after_s
+
+
+class NoRoom(ModelLoading):
+    """A deployment cannot be loaded now: `--max-loaded` instances hold GPUs, or its GPUs lack the
+    memory (`--gpu-memory-budget`, NVML's free memory), and none is idle to make room (docs/router.md,
+    "Capacity"). A `/v1` request waits for room; `deployments.load` answers 503 at once."""
 
 
 class TooManyStreams(TooManyRequests):

@@ -78,6 +78,21 @@ environment without them, so tests set them in a wrapper script (`fake_vllm_bin`
                                 Default: any existing directory is accepted.
   FAKE_VLLM_STRICT=1            Unknown flags are an argparse error (exit 2), as in the real vLLM.
   FAKE_VLLM_VERSION=<v>         The version printed/served (default `0.32.0+fake`).
+  FAKE_VLLM_NVML_DIR=<dir>      The fake NVML's directory (tests/fakes/nvml/pynvml.py): like the real one on
+                                a GPU, it wants `--gpu-memory-utilization` of each visible GPU
+                                (CUDA_VISIBLE_DEVICES, default `0`; the first `-tp` of them), fails to start
+                                with vLLM's "Free memory on device … is less than desired GPU memory
+                                utilization" when NVML shows less free, and holds that memory from its
+                                load until it exits or sleeps. FAKE_VLLM_OOM_BESIDE_OTHERS=1: its start fails
+                                with torch's "CUDA out of memory" while another process holds memory on
+                                one of its GPUs (as a model whose peak exceeds its share does).
+  Sleep mode                    With VLLM_SERVER_DEV_MODE=1 (as vLLM: the dev routes exist only then),
+                                `POST /sleep?level=1`, `POST /wake_up`, `GET /is_sleeping` are served;
+                                without `--enable-sleep-mode` sleep and wake answer 500. Asleep, it holds
+                                5 % of its memory. FAKE_VLLM_SLEEP_KEEPS_MEMORY=1: /sleep answers 200 and
+                                /is_sleeping true while the memory stays held (vllm-project/vllm#47654).
+                                FAKE_VLLM_WAKE_FAILS=1: /wake_up answers 500 and it stays asleep.
+                                FAKE_VLLM_SLEEP_SECONDS (default 0.1): how long /sleep and /wake_up take.
   FAKE_VLLM_MAX_LIFETIME=600    Safety net: the main process and its children exit by themselves after
                                 this many seconds (0 = never), so a forgotten test process doesn't linger.
 
@@ -249,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--disable-uvicorn-access-log", action=bool_flag, default=False)
     serve.add_argument("--disable-log-requests", action=bool_flag, default=False)
     serve.add_argument("--disable-log-stats", action=bool_flag, default=False)
+    serve.add_argument("--enable-sleep-mode", action="store_true", default=False)
     return parser
 
 
@@ -425,6 +441,34 @@ class Handler(BaseHTTPRequestHandler):
     def version(self) -> None:
         self._json(200, {"version": VERSION})
 
+    def sleep(self) -> None:
+        self._sleep_or_wake(True)
+
+    def wake_up(self) -> None:
+        self._sleep_or_wake(False)
+
+    def _sleep_or_wake(self, asleep: bool) -> None:
+        app = self.server.app
+        if not app.args.enable_sleep_mode:
+            self._send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+            return
+        time.sleep(max(0.0, _env_float("FAKE_VLLM_SLEEP_SECONDS", 0.1)))
+        if not asleep and os.environ.get("FAKE_VLLM_WAKE_FAILS", "") not in ("", "0"):
+            err(
+                vlog(
+                    "ERROR", "gpu_worker.py:120", "CUDA out of memory while waking up (FAKE_VLLM_WAKE_FAILS)"
+                )
+            )
+            self._send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+            return
+        app.asleep = asleep
+        keeps = os.environ.get("FAKE_VLLM_SLEEP_KEEPS_MEMORY", "") not in ("", "0")
+        app.hold_memory(0.05 if asleep and not keeps else 1.0)
+        self._send(200, b"")
+
+    def is_sleeping(self) -> None:
+        self._json(200, {"is_sleeping": self.server.app.asleep})
+
     def models(self) -> None:
         app = self.server.app
         self._json(200, shapes.models(app.served_names, app.model, app.max_model_len))
@@ -573,6 +617,12 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True  # not clean: cut, without the last chunk
 
 
+# Served only with VLLM_SERVER_DEV_MODE=1, as vLLM's development routes are.
+DEV_ROUTES: dict[str, dict[str, Any]] = {
+    "/sleep": {"POST": Handler.sleep},
+    "/wake_up": {"POST": Handler.wake_up},
+    "/is_sleeping": {"GET": Handler.is_sleeping},
+}
 ROUTES: dict[str, dict[str, Any]] = {
     "/health": {"GET": Handler.health},
     "/version": {"GET": Handler.version},
@@ -610,6 +660,54 @@ class App:
         self.generated = 0
         self._streams = 0
         self._engine_lock = threading.Lock()
+        self.asleep = False
+        self.nvml_dir = os.environ.get("FAKE_VLLM_NVML_DIR") or None
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
+        self.gpus = [int(i) for i in visible[: max(args.tensor_parallel_size, 1)] if i.strip().isdigit()]
+
+    def _nvml(self) -> Any:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "nvml", "pynvml.py")
+        spec = importlib.util.spec_from_file_location("fake_pynvml", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def short_of_memory(self) -> str | None:
+        """vLLM's start-up check on a GPU: the free memory must cover what it wants."""
+        if self.nvml_dir is None:
+            return None
+        nvml = self._nvml()
+        beside = os.environ.get("FAKE_VLLM_OOM_BESIDE_OTHERS", "") not in ("", "0")
+        for index in self.gpus:
+            total, free = nvml.total_and_free(self.nvml_dir, index)
+            if beside and free < total:
+                return (
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU "
+                    f"{index} has a total capacity of {total / 2**30:.2f} GiB of which "
+                    f"{free / 2**30 - 0.01:.2f} GiB is free."
+                )
+            wanted = self.args.gpu_memory_utilization * total
+            if free < wanted:
+                return (
+                    f"ValueError: Free memory on device cuda:{index} ({free / 2**30:.2f}/{total / 2**30:.2f} GiB) "
+                    f"on startup is less than desired GPU memory utilization "
+                    f"({self.args.gpu_memory_utilization}, {wanted / 2**30:.2f} GiB). Decrease GPU memory "
+                    "utilization or reduce GPU memory used by other processes."
+                )
+        return None
+
+    def hold_memory(self, fraction: float) -> None:
+        """Hold `fraction` of the memory it wants on each of its GPUs (NVML shows it)."""
+        if self.nvml_dir is None:
+            return
+        nvml = self._nvml()
+        used = {}
+        for index in self.gpus:
+            total, _ = nvml.total_and_free(self.nvml_dir, index)
+            used[index] = int(self.args.gpu_memory_utilization * total * fraction)
+        nvml.record_process(self.nvml_dir, os.getpid(), used)
 
     def generated_one(self) -> bool:
         """One more streamed piece from the engine, or False: it died (FAKE_VLLM_ENGINE_DIES)."""
@@ -917,6 +1015,13 @@ def serve_main(argv: list[str]) -> None:
             pump(time.monotonic() + 0.005)
     os.close(ready_r)
     rec.write(children=app.child_info, phase="loading")
+    short = app.short_of_memory()
+    if short is not None:
+        err(vlog("ERROR", "core.py:708", "EngineCore failed to start.", proc="EngineCore_DP0"))
+        traceback_exit(rec, [short], 1, "out_of_memory", app)
+    app.hold_memory(1.0)
+    if os.environ.get("VLLM_SERVER_DEV_MODE", "") == "1":
+        ROUTES.update(DEV_ROUTES)
     out(
         vlog(
             "INFO",

@@ -11,6 +11,8 @@ serves cannot be deleted at all: docs/models-and-downloads.md).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -66,7 +68,7 @@ class UpdateArgs(Args):
 
 
 class InstanceOut(Result):
-    state: str = Field(description="unloaded, starting, ready, stopping or failed")
+    state: str = Field(description="unloaded, starting, ready, sleeping, waking, stopping or failed")
     port: int | None
     pid: int | None = Field(description="vLLM's main process")
     pgid: int | None = Field(description="its process group: the reaper and everything vLLM started")
@@ -76,8 +78,12 @@ class InstanceOut(Result):
         description="the deployment was changed since its instance started: unload and load it to apply"
     )
     in_flight: int = Field(description="/v1 requests it is answering now")
+    waiting: int = Field(description="/v1 requests waiting for it to load or wake")
     last_used: str | None = Field(description="when its last request ended")
     idle_deadline: str | None = Field(description="when idle_action runs, if it stays idle")
+    sleep_supported: bool = Field(
+        description="vLLM's sleep mode works here (NVIDIA GPUs through NVML); else idle_action sleep stops"
+    )
 
 
 class DeploymentOut(Result):
@@ -189,9 +195,10 @@ async def delete(call: Call, args: NameArgs) -> dict[str, Any]:
     return {"deleted": args.name}
 
 
-async def begin_load(app: AppContext, name: str) -> Child:
+async def begin_load(app: AppContext, name: str, one_more: bool = False) -> Child:
     """Start `name`'s instance and return at once (state starting): deployments.load, a /v1 request
-    for it (`Instances.loader`), and load_on_start. Conflict while one is live."""
+    for it (`Instances.loader`), and load_on_start. Conflict while one is live; NoRoom without room
+    (`one_more`: evict one more idle instance first, after a start that failed for GPU memory)."""
     call = Call(app, OPERATOR, Surface.API)
     async with app.lifecycle.lock:
         saved = await _saved(call, name)
@@ -201,7 +208,7 @@ async def begin_load(app: AppContext, name: str) -> Child:
                 f"deployment {name} is {supervisor.state}; unload it first", state=supervisor.state.value
             )
         _, path = await ready_model_path(call, saved["model_id"])  # just before the spawn
-        await app.instances.make_room(name)
+        await app.instances.make_room(name, one_more=one_more)
         return app.instances.spawn(saved, path)
 
 
@@ -220,6 +227,28 @@ async def unload(call: Call, args: NameArgs) -> dict[str, Any]:
         saved = await _saved(call, args.name)
         status = await call.app.instances.stop(args.name, grace_s=saved["stop_timeout_s"])
     return {"name": args.name, **status}
+
+
+async def sleep(call: Call, args: LoadArgs) -> dict[str, Any]:
+    """Put the deployment's instance to sleep (vLLM's sleep mode): 202 with state sleeping, or the
+    outcome within `wait`: sleeping (asleep, memory given back) or unloaded (it did not sleep so)."""
+    await _saved(call, args.name)
+    task = call.app.instances.begin_sleep(args.name)
+    if args.wait:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), args.wait)
+    return {"name": args.name, **call.app.instances.status(args.name)}
+
+
+async def wake(call: Call, args: LoadArgs) -> dict[str, Any]:
+    """Wake the deployment's sleeping instance: 202 with state waking, or the outcome within `wait`
+    (ready; a failed wake stops it and starts it cold once: starting)."""
+    await _saved(call, args.name)
+    woken = await call.app.instances.begin_wake(args.name)
+    if args.wait:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(woken), args.wait)
+    return {"name": args.name, **call.app.instances.status(args.name)}
 
 
 async def _check(call: Call, deployment: Deployment) -> None:
@@ -287,6 +316,25 @@ def register(registry: Registry) -> None:
         Loaded,
         RUNTIME_WRITE,
     )(unload)
+    registry.method(
+        "deployments.sleep",
+        "Put a deployment's ready, idle instance to sleep (vLLM's sleep mode: its GPU memory is given "
+        "back, its weights kept in host memory; needs NVIDIA GPUs and idle_action sleep). Answers at "
+        "once with state sleeping (HTTP 202); with wait, once it settles: sleeping, or unloaded when it "
+        "did not give its memory back (it is stopped then).",
+        LoadArgs,
+        Loaded,
+        RUNTIME_WRITE,
+    )(sleep)
+    registry.method(
+        "deployments.wake",
+        "Wake a sleeping instance (room is made first, as for a load). Answers at once with state waking "
+        "(HTTP 202); with wait, once it settles: ready, or starting when the wake failed and it was "
+        "started again from scratch.",
+        LoadArgs,
+        Loaded,
+        RUNTIME_WRITE,
+    )(wake)
 
 
 async def load_at_start(app: AppContext) -> None:

@@ -32,6 +32,7 @@ class Gpu(BaseModel):
     uuid: str
     memory_total_bytes: int
     memory_used_bytes: int
+    memory_free_bytes: int
     utilization_percent: int | None
     temperature_c: int | None
     processes: list[GpuProcess]
@@ -97,6 +98,7 @@ def _gpu(nvml: Any, index: int) -> dict[str, Any]:
         "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
         "memory_total_bytes": memory.total,
         "memory_used_bytes": memory.used,
+        "memory_free_bytes": memory.free,
         "utilization_percent": utilization,
         "temperature_c": temperature,
         "processes": processes,

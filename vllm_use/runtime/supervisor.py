@@ -215,9 +215,19 @@ class Supervisor:
     # --- start ---------------------------------------------------------------------------------
 
     def spawn(
-        self, model: str, options: RuntimeOptions, *, active_model_id: str | None, model_path: Path | None
+        self,
+        model: str,
+        options: RuntimeOptions,
+        *,
+        active_model_id: str | None,
+        model_path: Path | None,
+        sleep_mode: bool = False,
     ) -> Child:
         """Start the child and its readiness task, and return at once (state `starting`).
+
+        `sleep_mode`: vLLM's sleep mode (`--enable-sleep-mode`, and `VLLM_SERVER_DEV_MODE=1` in this
+        child's environment alone, which adds /sleep, /wake_up and /is_sleeping to its routes; the
+        gateway never relays those: docs/router.md, "Sleep").
 
         The caller holds the lifecycle lock and stopped any previous child. Raises Conflict while
         a child is live, ExternalError when the shim cannot be started.
@@ -226,6 +236,8 @@ class Supervisor:
             raise Conflict(f"the runtime is {self.state}; stop it first")
         port = options.port or self.config.runtime_port
         argv = build_argv(self.config.vllm_bin, model, options, port)
+        if sleep_mode:
+            argv.append("--enable-sleep-mode")
         # -I: a `vllm_use/` lying in some working directory, or PYTHONPATH, can't replace the shim.
         shim = [sys.executable, "-I", "-m", "vllm_use.runtime.reaper", str(os.getpid()), "--", *argv]
         # vLLM puts ZMQ sockets in TMPDIR, and their paths (TMPDIR + 37 characters) must fit in
@@ -241,6 +253,8 @@ class Supervisor:
             "DO_NOT_TRACK": "1",
             "VLLM_API_KEY": api_key,  # the environment, not argv: /proc/<pid>/cmdline is world-readable
         }
+        if sleep_mode:
+            extra["VLLM_SERVER_DEV_MODE"] = "1"
         if options.gpu_ids is not None:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in options.gpu_ids)
         try:
