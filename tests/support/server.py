@@ -36,6 +36,7 @@ from vllm_use.runtime import procfs
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 MCP_VERSION = "2026-07-28"
+START_TIMEOUT_S = 120.0  # a `vllm-use serve` child answers /healthz in ~1 s; this bounds a hang
 
 
 def free_port() -> int:
@@ -199,7 +200,7 @@ def start_server(
     if wait:
         try:
             # An exit ends the wait at once (`_healthy` raises); the deadline only bounds a hang.
-            eventually(lambda: _healthy(server, port), timeout=120)
+            eventually(lambda: _healthy(server, port), timeout=START_TIMEOUT_S)
         except AssertionError:
             server.stop(signal.SIGKILL)
             raise AssertionError("server did not start:\n" + server.log()) from None
