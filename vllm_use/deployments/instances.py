@@ -120,6 +120,10 @@ class Instances:
         )
         return {**{key: status[key] for key in shown}, "restart_required": changed, **usage}
 
+    def saved_names(self) -> list[str]:
+        """Every deployment's name, in name order, as last saved."""
+        return sorted(self._saved)
+
     def view(self, name: str) -> dict[str, Any] | None:
         """`name` as `deployments.get` shows it (the record as last saved, its instance now), or None
         when no deployment has that name: for the events stream, without a query."""
