@@ -282,10 +282,19 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
     } catch (error) {
       if (error.name === "AbortError" || error.status === 401) return;
       showError(actionError, error);
-      if (error.status === 404) removed(); // deleted meanwhile (elsewhere)
+      if (error.status === 404) await recheck(); // deleted meanwhile, or a route this server lacks
     } finally {
       busy = null;
       if (!signal.aborted) sync();
+    }
+  };
+
+  // After a 404: the card goes only when the deployment itself is gone.
+  const recheck = async () => {
+    try {
+      update(await api("GET", path(), undefined, { signal }));
+    } catch (error) {
+      if (error.status === 404) removed();
     }
   };
 
