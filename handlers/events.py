@@ -1,5 +1,5 @@
-"""Server-Sent Events for the console: downloads (docs/models-and-downloads.md) and the runtime
-(docs/runtime.md).
+"""Server-Sent Events for the console: downloads (docs/models-and-downloads.md), the runtime
+(docs/runtime.md) and deployments (docs/router.md).
 
 Not registry methods, and not MCP tools: streams for the console. Each needs
 `admin.read` (`required`, checked by the base with the `Identity.may_call` the executor uses),
@@ -16,6 +16,13 @@ down. A client that does not read costs a bounded queue, never memory.
     vLLM writes them (at most `LOG_TAIL` an event; `skipped` says some were left out), and
     `reset` again when a new vLLM starts with an empty log. `?log=false`: the state events only
     (the console's top bar); any other value than `true` or `false` is a 400.
+`GET /api/deployments/events`
+    `event: deployment` `{"type": "deployment", "deployment": {…}}`: every deployment now, in name
+    order, then one whenever it may have changed (its record, its instance's state, use or idle
+    deadline), as `deployments.get` shows it when the event is sent; `event: deleted`
+    `{"type": "deleted", "name": …}` once it is gone. Changes are coalesced: a burst of them for one
+    deployment is one event, so what waits is at most one name per deployment. Reading it loads
+    nothing and is not use.
 """
 
 from __future__ import annotations
@@ -186,8 +193,40 @@ class RuntimeEventsHandler(EventStreamHandler):
             await self.send("log", {"type": "log", "reset": reset, "lines": lines, "skipped": skipped})
 
 
+@tornado.web.stream_request_body
+class DeploymentEventsHandler(EventStreamHandler):
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        # Names, not states: the state is read when the event is sent, so a burst of changes is one
+        # event and a client that does not read holds one name per deployment at most.
+        self._pending: set[str] = set()
+
+        def listener(name: str) -> None:
+            self._pending.add(name)
+            wake()
+
+        return self.app.instances.subscribe(listener)
+
+    async def send_current(self) -> None:
+        for name in self.app.instances.saved_names():
+            await self._send_deployment(name)
+
+    async def send_pending(self) -> None:
+        names, self._pending = sorted(self._pending), set()
+        for name in names:
+            await self._send_deployment(name)
+
+    async def _send_deployment(self, name: str) -> None:
+        shown = self.app.instances.view(name)
+        if shown is None:
+            await self.send("deleted", {"type": "deleted", "name": name})
+        else:
+            await self.send("deployment", {"type": "deployment", "deployment": shown})
+
+
 def default_handlers(common: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
     return [
         (r"/api/downloads/events/?", DownloadEventsHandler, common),
         (r"/api/runtime/events/?", RuntimeEventsHandler, common),
+        # Before /api/deployments/{name} (handlers/api.py): "events" is no deployment's name.
+        (r"/api/deployments/events/?", DeploymentEventsHandler, common),
     ]

@@ -26,6 +26,7 @@ PAGES = {
     "models": "/models",
     "downloads": "/downloads",
     "runtime": "/runtime",
+    "deployments": "/deployments",
     "keys": "/keys",
     "requests": "/requests",
     "settings": "/settings",

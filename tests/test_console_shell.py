@@ -14,7 +14,17 @@ from playwright.sync_api import Browser, expect
 from tests.support.browser import Watched, new_page, settled, sign_in
 from tests.support.stack import Stack, console_stack
 
-PAGES = ["/", "/models", "/downloads", "/runtime", "/keys", "/requests", "/settings", "/mcp-setup"]
+PAGES = [
+    "/",
+    "/models",
+    "/downloads",
+    "/runtime",
+    "/deployments",
+    "/keys",
+    "/requests",
+    "/settings",
+    "/mcp-setup",
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,72 +1,41 @@
-"""The console's event streams: downloads (docs/models-and-downloads.md) and the runtime (docs/runtime.md).
+"""The console's event streams: downloads (docs/models-and-downloads.md), the runtime (docs/runtime.md)
+and deployments (docs/router.md; its own events in tests/test_deployment_events.py).
 
-Both send the current state first, then each change, heartbeats while nothing happens, need
+Each sends the current state first, then each change, heartbeats while nothing happens, need
 admin.read, and end cleanly when the client leaves or the server shuts down.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from handlers import events
 from tests.fakes import fake_vllm_bin
-from tests.support.server import ADMIN_TOKEN, Server, eventually, free_port, start_server
+from tests.support.server import Server, eventually, free_port, start_server
+from tests.support.sse import StreamReader
 from vllm_use import app as app_mod
 from vllm_use import config as config_mod
 from vllm_use.runtime.supervisor import REAP_CAP_S
 
 TOKEN = "events-test-admin-token-0123"
-STREAMS = ["/api/downloads/events", "/api/runtime/events"]
+STREAMS = ["/api/downloads/events", "/api/runtime/events", "/api/deployments/events"]
 START_TIMEOUT_S = 30
 
 
-class Reader:
-    """An SSE client in a thread: `events` collects (name, data) in order; `connected` is set once
-    the answer's headers are in, `ended` once the stream is over."""
-
-    def __init__(self, server: Server, path: str, token: str = ADMIN_TOKEN) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-        self.status: int | None = None
-        self.connected = threading.Event()
-        self.ended = threading.Event()
-        self._url, self._token = server.base_url + path, token
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        # The read timeout outlasts a heartbeat: a quiet stream is not a dead one.
-        with httpx.Client(timeout=events.HEARTBEAT_S * 2, trust_env=False) as client:
-            headers = {"Authorization": f"Bearer {self._token}"}
-            try:
-                with client.stream("GET", self._url, headers=headers) as r:
-                    self.status = r.status_code
-                    self.connected.set()
-                    name = "message"
-                    for line in r.iter_lines():
-                        if line.startswith("event:"):
-                            name = line[6:].strip()
-                        elif line.startswith("data:"):
-                            self.events.append((name, json.loads(line[5:])))
-            except httpx.HTTPError:
-                pass  # the server going away may also cut the stream
-            finally:
-                self.connected.set()
-                self.ended.set()
+class Reader(StreamReader):
+    """The runtime's events, by kind."""
 
     def states(self) -> list[str]:
-        return [data["status"]["state"] for name, data in list(self.events) if name == "state"]
+        return [data["status"]["state"] for data in self.named("state")]
 
     def logs(self) -> list[dict[str, Any]]:
-        return [data for name, data in list(self.events) if name == "log"]
+        return self.named("log")
 
 
 @pytest.mark.parametrize("path", STREAMS)
@@ -173,7 +142,10 @@ def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize("path", STREAMS)
 @pytest.mark.gen_test(timeout=10)
 async def test_heartbeats_flow_and_a_disconnect_unsubscribes(app, http_server, http_port, path: str) -> None:
-    source = app.context.downloads if "downloads" in path else app.context.runtime
+    context = app.context
+    source = {"downloads": context.downloads, "runtime": context.runtime, "deployments": context.instances}[
+        path.split("/")[2]
+    ]
     reader, writer = await asyncio.open_connection("127.0.0.1", http_port)
     writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
     await writer.drain()

@@ -121,7 +121,7 @@ def make_app(app: AppContext) -> tornado.web.Application:
     common: dict[str, Any] = {"app": app, "executor": executor}
     handlers: list[Any] = []
     handlers += gateway.default_handlers(common)  # first: the hot path matches at the first rules
-    handlers += events.default_handlers(common)  # before /api/downloads/{id}
+    handlers += events.default_handlers(common)  # before /api/downloads/{id}, /api/deployments/{name}
     handlers += api.default_handlers(common)
     handlers += mcp.default_handlers(common)
     # /api, /mcp and /v1 never fall back to the console.

@@ -14,6 +14,7 @@ const ROUTES = [
   { path: "/models", title: "Models", module: "./pages/models.js" },
   { path: "/downloads", title: "Downloads", module: "./pages/downloads.js" },
   { path: "/runtime", title: "Runtime", module: "./pages/runtime.js" },
+  { path: "/deployments", title: "Deployments", module: "./pages/deployments.js" },
   { path: "/chat", title: "Chat", module: "./pages/chat.js" },
   { path: "/keys", title: "API keys", module: "./pages/keys.js" },
   { path: "/requests", title: "Requests", module: "./pages/requests.js" },

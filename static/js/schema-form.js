@@ -1,7 +1,8 @@
 // A form generated from a JSON Schema (the input schemas that GET /api/methods publishes).
 //
 // schemaForm(objectSchema, {root, omit}) renders one field per property and returns
-//   { element, collect(), showErrors(fieldErrors, prefix), clearErrors(), isEmpty(), normalize(values) }.
+//   { element, collect({complete}), fill(values), showErrors(fieldErrors, prefix), clearErrors(), isEmpty(),
+//     normalize(values) }.
 //
 // - Handled: string, integer, number, boolean, enum, nullable (anyOf [X, null]), arrays of
 //   integers/numbers (comma-separated text), arrays of strings (one per line) and arrays of
@@ -11,9 +12,12 @@
 //   hints from the description, bounds and default.
 // - Each input's name is the property's path: "max_model_len", "extra_args.0.name". A server field
 //   error keyed "options.max_model_len" is placed with showErrors(error.fieldErrors, "options").
-// - collect() returns {values, errors}: values omit empty fields and fields left at their default;
+// - collect() returns {values, errors}: values omit empty fields and fields left at their default
+//   (with {complete: true}, only empty fields: what an edit sends to replace every value);
 //   errors (path → message) are what cannot be sent at all (not a number, not whole numbers).
 //   Bounds are only hinted (and flagged as you type); the server's checks are the authority.
+// - fill(values) shows `values` (an object as the server returns it) in the fields; a field
+//   whose property is absent goes back to its default (or empty).
 
 import { h } from "./ui.js";
 
@@ -134,13 +138,14 @@ function buildField(name, path, propSchema, root) {
     return {
       element: h("div.field.check-field", h("label.check", { for: id }, box, ` ${label}`), hintNode),
       read: () => ({ value: box.checked, empty: box.checked === (s.default === true) }),
+      write: (value) => { box.checked = value === undefined || value === null ? s.default === true : Boolean(value); },
     };
   }
 
   let input;
+  const blank = nullable || s.default === undefined || s.default === null;
   if (kind === "boolean" || kind === "enum") {
     const choices = kind === "boolean" ? [["true", "Yes"], ["false", "No"]] : s.enum.map((v) => [String(v), String(v)]);
-    const blank = nullable || s.default === undefined || s.default === null;
     input = h("select", common,
       blank ? h("option", { value: "" }, "Default") : null,
       choices.map(([value, text]) => h("option", { value }, text)));
@@ -204,7 +209,16 @@ function buildField(name, path, propSchema, root) {
     const text = raw.trim();
     return text === "" ? { empty: true } : { value: text, empty: same(text, s.default) };
   };
-  return { element, read };
+  const write = (value) => {
+    clearNotes(element);
+    if (value === undefined || value === null) {
+      input.value = (kind === "boolean" || kind === "enum") && !blank ? String(s.default) : "";
+    } else if (kind === "numbers") input.value = [].concat(value).join(", ");
+    else if (kind === "strings") input.value = [].concat(value).join("\n");
+    else if (kind === "json") input.value = JSON.stringify(value);
+    else input.value = String(value);
+  };
+  return { element, read, write };
 }
 
 // An array of objects: a group of repeatable rows ("Extra arg 1", "Extra arg 2", …) with Add/Remove.
@@ -226,7 +240,7 @@ function buildRows(name, path, s, root, label, hintNode) {
       }
     });
   };
-  const add = () => {
+  const add = (focus = true) => {
     const legend = h("legend");
     const fields = Object.entries(item.properties).map(([prop, ps]) => [prop, buildField(prop, `${path}.${rows.length}.${prop}`, ps, root)]);
     const remove = h("button.button.small.quiet", { type: "button" }, "Remove");
@@ -241,7 +255,8 @@ function buildRows(name, path, s, root, label, hintNode) {
     rows.push(row);
     list.append(element);
     renumber();
-    fields[0][1].element.querySelector("input, select, textarea").focus();
+    if (focus) fields[0][1].element.querySelector("input, select, textarea").focus();
+    return row;
   };
   addButton.addEventListener("click", () => {
     if (s.maxItems !== undefined && rows.length >= s.maxItems) return;
@@ -275,7 +290,14 @@ function buildRows(name, path, s, root, label, hintNode) {
     const onScreen = sent[Number(index)];
     return onScreen === undefined ? null : [String(onScreen), ...tail];
   };
-  return { element: group, read, screenPath };
+  const write = (values) => {
+    rows.splice(0).forEach((row) => row.element.remove());
+    for (const value of Array.isArray(values) ? values : []) {
+      const row = add(false);
+      for (const [prop, f] of row.fields) f.write(value ? value[prop] : undefined);
+    }
+  };
+  return { element: group, read, write, screenPath };
 }
 
 function clearNotes(scope) {
@@ -318,16 +340,20 @@ export function schemaForm(schema, { root = schema, omit = [] } = {}) {
     h("div.form-row", simple.map(([, f]) => f.element)),
     grouped.map(([, f]) => f.element));
 
-  const collect = () => {
+  const collect = ({ complete = false } = {}) => {
     const values = {};
     const errors = {};
     for (const [name, f] of fields) {
       const got = f.read();
       if (got.error) errors[name] = got.error;
       if (got.errors) Object.assign(errors, got.errors);
-      if (got.value !== undefined && !got.empty) values[name] = got.value;
+      if (got.value !== undefined && (complete || !got.empty)) values[name] = got.value;
     }
     return { values, errors };
+  };
+
+  const fill = (values) => {
+    for (const [name, f] of fields) f.write(values ? values[name] : undefined);
   };
 
   const clearErrors = () => clearNotes(element);
@@ -378,5 +404,5 @@ export function schemaForm(schema, { root = schema, omit = [] } = {}) {
     .filter(([name, v]) => v !== null && v !== undefined && !(Array.isArray(v) && !v.length) && !same(v, defaults[name]))
     .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
 
-  return { element, collect, showErrors, clearErrors, isEmpty, normalize };
+  return { element, collect, fill, showErrors, clearErrors, isEmpty, normalize };
 }

@@ -27,6 +27,7 @@ from vllm_use.deployments import store
 from vllm_use.deployments.records import (
     ALIASES_MAX,
     IDLE_TIMEOUT_MAX_S,
+    RESERVED_NAMES,
     STOP_TIMEOUT_MAX_S,
     Deployment,
     DeploymentName,
@@ -154,6 +155,12 @@ async def get(call: Call, args: NameArgs) -> dict[str, Any]:
 
 
 async def create(call: Call, args: Deployment) -> dict[str, Any]:
+    if args.name in RESERVED_NAMES:
+        raise InvalidArguments(
+            f"invalid arguments: name: {args.name} is reserved (GET /api/deployments/{args.name} is "
+            "the events stream); choose another name",
+            errors=[{"loc": ["name"], "msg": f"{args.name} is reserved for the events stream"}],
+        )
     async with call.app.lifecycle.lock:
         await _check(call, args)
         try:

@@ -191,6 +191,10 @@ class Instances:
         state = over if over and supervisor.state is RuntimeState.READY else status["state"]
         return {**{key: status[key] for key in shown}, "state": state, "restart_required": changed, **usage}
 
+    def saved_names(self) -> list[str]:
+        """Every deployment's name, in name order, as last saved."""
+        return sorted(self._saved)
+
     def view(self, name: str) -> dict[str, Any] | None:
         """`name` as `deployments.get` shows it (the record as last saved, its instance now), or None
         when no deployment has that name: for the events stream, without a query."""

@@ -26,6 +26,9 @@ STOP_TIMEOUT_DEFAULT_S = 10
 # Options a deployment decides itself: its name is the served model name, its model comes from the
 # registry, its port from the ports vllm-use hands out.
 OWN_OPTIONS = ("model", "served_model_name", "port")
+# Names a new deployment may not take: `GET /api/deployments/events` is the events stream, so a
+# deployment of that name could not be read, changed or deleted at /api/deployments/{name}.
+RESERVED_NAMES = frozenset({"events"})
 
 
 class IdleAction(StrEnum):

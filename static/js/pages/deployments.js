@@ -1,0 +1,581 @@
+// Deployments (router mode, docs/router.md): named, saved ways to serve a registered model, each with
+// its vLLM instance. The list shows each deployment's live state; a form creates one, another edits
+// one; Load, Unload and Delete (confirmed) act on one, and Sleep and Wake where its instance says
+// it supports sleep (`instance.sleep_supported`).
+//
+// API: GET /api/deployments, GET /api/models (the ready models to choose from, and names for ids)
+// and GET /api/methods (the forms are generated from deployments.create's published input schema,
+// and edit only what deployments.update takes; see ../schema-form.js) once; then the Server-Sent
+// Events of GET /api/deployments/events: `deployment` {deployment} for each one at once and at each
+// change, `deleted` {name} once one is gone (no polling; one GET /api/deployments each time the
+// stream reconnects). POST /api/deployments (create), PATCH /api/deployments/{name} (edit: every
+// field, so what the form shows is what is saved), DELETE /api/deployments/{name},
+// POST /api/deployments/{name}/load (202, state starting: the events say how it ends),
+// …/unload, …/sleep, …/wake. A name is sent percent-encoded (org/model → org%2Fmodel).
+//
+// DOM hooks for tests: each deployment is <article class="deployment" data-name="…" data-state="…">,
+// named by its heading (the deployment's name).
+import { api, events } from "../api.js";
+import { readableName, resolveSchema, schemaForm } from "../schema-form.js";
+import {
+  badge, clear, confirmDialog, empty, errorSlot, field, formatDuration, formatTime, h, humanError, pageHeader,
+  placeholder, showError, sleep, toast,
+} from "../ui.js";
+
+const RECONNECT_MS = 2000;
+const LOADABLE = new Set(["unloaded", "failed"]); // no live instance: Load starts one
+// Set by the deployment (docs/router.md): never in its options.
+const OWN_OPTIONS = ["model", "served_model_name", "port"];
+// Fields with a control of their own on this page, not from the generated form.
+const OWN_FIELDS = ["name", "model_id", "options"];
+const NOTES = {
+  starting: "vLLM is loading the model; this can take minutes. Unload cancels it.",
+  stopping: "The instance is stopping.",
+  sleeping: "The instance sleeps: its weights are off the GPU. Wake it, or send it a request.",
+  waking: "The instance is waking up.",
+};
+let serial = 0;
+
+export async function render(root, page) {
+  const { signal } = page;
+  const body = h("div.deployments", placeholder(8));
+  root.append(pageHeader("Deployments",
+    "Named ways to serve a model: /v1 clients send the name (or an alias) as model, and it loads when asked for."), body);
+
+  const get = (path) => api("GET", path, undefined, { signal });
+  let listed;
+  let models;
+  let methods;
+  try {
+    [listed, models, methods] = await Promise.all([
+      get("/deployments"),
+      get("/models"),
+      get("/methods").catch((error) => {
+        if (error.name === "AbortError" || error.status === 401) throw error;
+        return { error };
+      }),
+    ]);
+  } catch (error) {
+    if (error.name === "AbortError" || error.status === 401) return;
+    clear(body, h("p.error-text", { role: "alert" }, `Could not load the deployments: ${humanError(error)}`));
+    return;
+  }
+  const schemas = formSchemas(methods);
+  const ready = models.models.filter((m) => m.status === "ready");
+  const modelNames = new Map(models.models.map((m) => [m.id, m.name]));
+  const ctx = { signal, schemas, ready, modelNames };
+
+  const cards = new Map(); // name → card
+  const deletedAt = new Map(); // name → when an event said it was gone (a stale listing must not bring it back)
+  const list = h("div.deployment-list");
+  const listError = h("p.error-text", { role: "alert", hidden: true });
+  const live = h("p.deployment-live.muted", { role: "status" }, "Connecting to live updates…");
+  const emptyState = empty("No deployment yet: create one below from a ready model.");
+
+  const remove = (name) => {
+    const card = cards.get(name);
+    if (card) {
+      card.el.remove();
+      cards.delete(name);
+    }
+    if (!cards.size) list.append(emptyState);
+  };
+
+  // One deployment as the server shows it: update its card in place, or add one in name order.
+  const upsert = (deployment, eventAt = 0) => {
+    let card = cards.get(deployment.name);
+    if (card) {
+      card.update(deployment);
+    } else {
+      card = deploymentCard(deployment, ctx, { removed: () => remove(deployment.name), upsert });
+      cards.set(deployment.name, card);
+      const after = [...cards.keys()].filter((n) => n > deployment.name).sort()[0];
+      list.insertBefore(card.el, after ? cards.get(after).el : null);
+    }
+    if (eventAt) card.eventAt = eventAt;
+    deletedAt.delete(deployment.name);
+    emptyState.remove();
+    return card;
+  };
+
+  // A listing (GET /api/deployments, sent at `sentAt`): what an event said since is newer.
+  const showList = (deployments, sentAt) => {
+    const seen = new Set();
+    for (const d of deployments) {
+      seen.add(d.name);
+      const known = cards.get(d.name);
+      if ((deletedAt.get(d.name) || 0) > sentAt || (known && known.eventAt > sentAt)) continue;
+      upsert(d);
+    }
+    for (const [name, card] of [...cards]) if (!seen.has(name) && card.eventAt < sentAt) remove(name);
+    if (!cards.size && !emptyState.isConnected) list.append(emptyState);
+  };
+
+  const refresh = async () => {
+    const sentAt = performance.now();
+    try {
+      showList((await get("/deployments")).deployments, sentAt);
+      listError.hidden = true;
+    } catch (error) {
+      if (error.name === "AbortError" || error.status === 401) return;
+      listError.hidden = false;
+      listError.textContent = `Could not refresh the deployments: ${humanError(error)}`;
+    }
+  };
+
+  const create = createForm(ctx, (deployment) => upsert(deployment, performance.now()));
+  clear(body,
+    h("section.deployment-section", { "aria-labelledby": "deployments-title" },
+      h("div.deployment-section-head", h("h2#deployments-title", "Deployments"), live),
+      listError, list),
+    create);
+  showList(listed.deployments, performance.now());
+
+  // Follow the event stream until the page is left; after it ends or fails, list again and reconnect.
+  const setLive = (on) => {
+    const text = on ? "Live updates are on." : "Live updates were interrupted; reconnecting…";
+    if (live.textContent === text) return; // a status region: say it once, not at every event
+    live.textContent = text;
+    live.classList.toggle("lost", !on);
+  };
+  const follow = async () => {
+    let first = true;
+    while (!signal.aborted) {
+      if (!first) await refresh();
+      first = false;
+      // events() says nothing when it connects: a stream still open after a second counts as on.
+      const settled = setTimeout(() => setLive(true), 1000);
+      try {
+        await events("/deployments/events", (type, data) => {
+          setLive(true);
+          if (type === "deployment" && data && data.deployment) upsert(data.deployment, performance.now());
+          else if (type === "deleted" && data && typeof data.name === "string") {
+            deletedAt.set(data.name, performance.now());
+            remove(data.name);
+          }
+        }, { signal });
+      } catch (error) {
+        if (signal.aborted || error.name === "AbortError" || error.status === 401) return;
+      } finally {
+        clearTimeout(settled);
+      }
+      if (signal.aborted) return;
+      setLive(false); // failed, or the server closed the stream (it is stopping): try again
+      await sleep(RECONNECT_MS, signal);
+    }
+  };
+  follow();
+}
+
+// --- one deployment ------------------------------------------------------------------------------
+
+function deploymentCard(initial, ctx, { removed, upsert }) {
+  const { signal } = ctx;
+  let d = initial;
+  let busy = null; // the action whose request is out: "load" | "unload" | "sleep" | "wake" | "delete"
+  serial += 1;
+  const titleId = `deployment-${serial}`;
+  const title = h(`h3#${titleId}`);
+  const flags = h("span.deployment-flags");
+  const facts = h("dl.deployment-facts");
+  const note = h("p.hint.deployment-note", { hidden: true });
+  const failure = h("div.deployment-failure", { role: "alert", hidden: true });
+  const buttons = {
+    load: h("button.button.primary", { type: "button" }, "Load"),
+    unload: h("button.button", { type: "button" }, "Unload"),
+    sleep: h("button.button", { type: "button" }, "Sleep"),
+    wake: h("button.button", { type: "button" }, "Wake"),
+    edit: h("button.button", { type: "button", "aria-expanded": "false" }, "Edit"),
+    delete: h("button.button.danger", { type: "button" }, "Delete"),
+  };
+  const actionError = errorSlot();
+  const editor = h("div.deployment-editor");
+  const el = h("article.card.deployment", { "aria-labelledby": titleId },
+    h("div.deployment-head", title, flags),
+    facts, note, failure,
+    h("div.actions.deployment-actions", Object.values(buttons)),
+    actionError, editor);
+  let failureShown = "";
+  const self = { el, update, eventAt: 0 }; // eventAt: when an event last updated it (set by the page)
+
+  const path = (suffix = "") => `/deployments/${encodeURIComponent(d.name)}${suffix}`;
+  const modelLabel = () => ctx.modelNames.get(d.model_id) || d.model_id;
+
+  const draw = () => {
+    const inst = d.instance || {};
+    const state = String(inst.state || "unknown");
+    el.dataset.name = d.name;
+    el.dataset.state = state;
+    title.textContent = d.name;
+    clear(flags, badge(state),
+      inst.restart_required ? h("span.deployment-flag.restart", { title: "Changed since it was loaded: unload and load it to apply the change." }, "restart required") : null,
+      d.pinned ? h("span.deployment-flag", "pinned") : null,
+      d.load_on_start ? h("span.deployment-flag", "loads at start") : null);
+    const idle = d.idle_timeout_s ? `${d.idle_action} after ${formatDuration(d.idle_timeout_s)} idle` : "never";
+    const rows = [
+      ["Aliases", d.aliases && d.aliases.length ? d.aliases.join(", ") : "—"],
+      ["Model", modelLabel()],
+      ["Port", inst.port ? String(inst.port) : "—"],
+      ["In flight", String(inst.in_flight ?? 0)],
+      ["Last used", inst.last_used ? formatTime(inst.last_used) : "—"],
+      ["Idle deadline", inst.idle_deadline ? formatTime(inst.idle_deadline) : "—"],
+      ["When idle", idle],
+    ];
+    if (inst.error && state !== "failed") rows.push(["Last error", inst.error]);
+    clear(facts, rows.map(([k, v]) => h("div.deployment-fact", h("dt", k), h("dd", v))));
+    const noteText = inst.restart_required
+      ? "Changed since it was loaded: it runs as it was started until it is unloaded and loaded again."
+      : NOTES[state];
+    note.hidden = !noteText;
+    note.textContent = noteText || "";
+    showFailure(state, inst);
+    sync();
+  };
+
+  const showFailure = (state, inst) => {
+    const key = state === "failed" ? JSON.stringify([inst.error, inst.last_lines]) : "";
+    if (key === failureShown) return;
+    failureShown = key;
+    failure.hidden = !key;
+    if (!key) {
+      clear(failure);
+      return;
+    }
+    const lines = inst.last_lines || [];
+    clear(failure,
+      h("p.deployment-failure-reason", `Failed: ${inst.error || "vLLM stopped on its own."}`),
+      lines.length ? h("pre.log", { "aria-label": `Last lines of ${d.name} before the failure`, tabindex: "0" }, lines.join("\n"))
+        : h("p.hint", "vLLM wrote nothing before it stopped."));
+  };
+
+  const sync = () => {
+    const inst = d.instance || {};
+    const state = String(inst.state || "");
+    const sleepy = inst.sleep_supported === true;
+    buttons.load.hidden = !(LOADABLE.has(state) || busy === "load");
+    buttons.load.textContent = busy === "load" ? "Loading…" : "Load";
+    buttons.unload.hidden = LOADABLE.has(state) && busy !== "unload";
+    buttons.unload.textContent = busy === "unload" ? "Unloading…" : "Unload";
+    buttons.unload.disabled = state === "stopping";
+    buttons.sleep.hidden = !(sleepy && (state === "ready" || busy === "sleep"));
+    buttons.sleep.textContent = busy === "sleep" ? "Putting to sleep…" : "Sleep";
+    buttons.wake.hidden = !(sleepy && (state === "sleeping" || busy === "wake"));
+    buttons.wake.textContent = busy === "wake" ? "Waking…" : "Wake";
+    buttons.delete.textContent = busy === "delete" ? "Deleting…" : "Delete";
+    for (const [name, button] of Object.entries(buttons)) {
+      if (name !== "edit") button.disabled = Boolean(busy) || (name === "unload" && state === "stopping");
+      button.toggleAttribute("aria-busy", busy === name);
+    }
+  };
+
+  // One action's request; its answer updates the card unless an event said something newer since it
+  // was sent (the events come in order; an answer may cross them).
+  let sentAt = 0;
+  const act = async (name, call) => {
+    if (busy) return;
+    busy = name;
+    showError(actionError, null);
+    sync();
+    try {
+      sentAt = performance.now();
+      await call();
+    } catch (error) {
+      if (error.name === "AbortError" || error.status === 401) return;
+      showError(actionError, error);
+      if (error.status === 404) await recheck(); // deleted meanwhile, or a route this server lacks
+    } finally {
+      busy = null;
+      if (!signal.aborted) sync();
+    }
+  };
+
+  // After a 404: the card goes only when the deployment itself is gone.
+  const recheck = async () => {
+    try {
+      update(await api("GET", path(), undefined, { signal }));
+    } catch (error) {
+      if (error.status === 404) removed();
+    }
+  };
+
+  const withInstance = (answer) => {
+    if (self.eventAt > sentAt) return;
+    const { name, ...instance } = answer;
+    update({ ...d, instance: { ...d.instance, ...instance } });
+  };
+
+  buttons.load.addEventListener("click", () => act("load", async () => {
+    withInstance(await api("POST", path("/load"), undefined, { signal }));
+  }));
+  buttons.unload.addEventListener("click", () => act("unload", async () => {
+    const inst = d.instance || {};
+    if (inst.in_flight > 0) {
+      const ok = await confirmDialog(`Unload ${d.name}?`,
+        `It is answering ${inst.in_flight} request(s) now; they fail when it stops.`, "Unload");
+      if (!ok) return;
+    }
+    withInstance(await api("POST", path("/unload"), undefined, { signal }));
+  }));
+  buttons.sleep.addEventListener("click", () => act("sleep", async () => {
+    withInstance(await api("POST", path("/sleep"), undefined, { signal }));
+  }));
+  buttons.wake.addEventListener("click", () => act("wake", async () => {
+    withInstance(await api("POST", path("/wake"), undefined, { signal }));
+  }));
+  buttons.delete.addEventListener("click", async () => {
+    if (busy) return;
+    const ok = await confirmDialog(`Delete ${d.name}?`,
+      `Its instance is stopped first; /v1 requests for ${d.name} then fail. This cannot be undone.`, "Delete");
+    if (!ok) return;
+    await act("delete", async () => {
+      await api("DELETE", path(), undefined, { signal });
+      toast(`${d.name} was deleted.`, "ok");
+      removed();
+    });
+  });
+
+  let editing = null;
+  const closeEditor = () => {
+    editing = null;
+    clear(editor);
+    buttons.edit.setAttribute("aria-expanded", "false");
+  };
+  buttons.edit.addEventListener("click", () => {
+    if (editing) {
+      closeEditor();
+      return;
+    }
+    editing = editForm(d, ctx, {
+      saved: (deployment) => {
+        closeEditor();
+        upsert(deployment, performance.now());
+        toast(deployment.instance && deployment.instance.restart_required
+          ? `${deployment.name} was saved; the change applies at its next load.` : `${deployment.name} was saved.`, "ok");
+        buttons.edit.focus();
+      },
+      canceled: () => {
+        closeEditor();
+        buttons.edit.focus();
+      },
+    });
+    clear(editor, editing);
+    buttons.edit.setAttribute("aria-expanded", "true");
+    const first = editing.querySelector("select, input, textarea");
+    if (first) first.focus();
+  });
+
+  function update(next) {
+    d = next;
+    draw();
+  }
+
+  draw();
+  return self;
+}
+
+// --- forms ---------------------------------------------------------------------------------------
+
+// The input schemas of deployments.create and .update, from GET /api/methods; null when missing.
+function formSchemas(methods) {
+  if (!methods || methods.error) return { error: methods && methods.error ? humanError(methods.error) : "no methods" };
+  const input = (name) => {
+    const method = (methods.methods || []).find((m) => m.name === name);
+    return method && method.input_schema && method.input_schema.properties ? method.input_schema : null;
+  };
+  const create = input("deployments.create");
+  const update = input("deployments.update");
+  if (!create || !create.properties.options) return { error: "deployments.create publishes no input schema" };
+  const options = resolveSchema(create.properties.options, create).schema;
+  return { create, update, options: options.properties ? options : null };
+}
+
+// The fields of a deployment form: the deployment's own (generated from deployments.create's schema,
+// less `omit`, name first), a model select, and its runtime options (generated) under "Options".
+function deploymentFields(ctx, { omit, currentModel = null, note }) {
+  const { create } = ctx.schemas;
+  const { name, ...rest } = create.properties;
+  const props = name && !omit.includes("name") ? { name, ...rest } : rest;
+  const own = schemaForm({ ...create, properties: props }, { root: create, omit: [...omit, "model_id", "options"] });
+  const options = ctx.schemas.options
+    ? schemaForm(ctx.schemas.options, { root: create, omit: OWN_OPTIONS }) : null;
+
+  const choices = [...ctx.ready];
+  if (currentModel && !choices.some((m) => m.id === currentModel)) {
+    choices.unshift({ id: currentModel, name: `${ctx.modelNames.get(currentModel) || currentModel} (not ready)` });
+  }
+  const select = h("select", { name: "model_id" }, choices.map((m) => h("option", { value: m.id }, m.name)));
+  if (currentModel) select.value = currentModel;
+  const modelField = field("Model", select, "A registered model whose files are ready.");
+  // The model right after the name (first when there is no name field): in the generated form's grid.
+  const grid = own.element.querySelector(".form-row");
+  grid.insertBefore(modelField, omit.includes("name") ? grid.firstChild : grid.children[1] || null);
+  const details = h("details.deployment-options",
+    h("summary", "Options"),
+    h("p.hint", note),
+    options ? options.element : h("p.error-text", "The runtime options could not be loaded: vLLM's defaults apply."));
+  const element = h("div.deployment-fields", own.element, details);
+
+  const clearModelNote = () => {
+    for (const old of modelField.querySelectorAll(".field-error")) old.remove();
+    select.removeAttribute("aria-invalid");
+  };
+
+  // Errors by field: the model's under the select, the options' in Options (opened), the others
+  // under their generated fields. Returns what has no field here, as text, and whether one was placed.
+  const showErrors = (fieldErrors) => {
+    const top = {};
+    const opts = {};
+    const unplaced = [];
+    let modelMessage = null;
+    for (const [key, message] of Object.entries(fieldErrors || {})) {
+      if (key === "model_id") modelMessage = message;
+      else if (key.startsWith("options.")) opts[key] = message;
+      else top[key] = message;
+    }
+    const a = own.showErrors(top); // clears every note in its grid, the model's included
+    clearModelNote();
+    if (modelMessage) {
+      select.setAttribute("aria-invalid", "true");
+      modelField.append(h("p.field-error", { role: "alert" }, String(modelMessage).replace(/^Value error, /, "")));
+    }
+    const b = options ? options.showErrors(opts, "options") : { unplaced: Object.entries(opts), first: null };
+    if (b.first) details.open = true;
+    const first = a.first || (modelMessage ? select : null) || b.first;
+    unplaced.push(...a.unplaced, ...b.unplaced);
+    if (first) first.focus();
+    return { unplaced: unplaced.map(([k, m]) => `${readableName(k.split(".").pop())}: ${m}`).join("; "), placed: Boolean(first) };
+  };
+
+  const clearErrors = () => {
+    clearModelNote();
+    own.clearErrors();
+    if (options) options.clearErrors();
+  };
+
+  // {values, errors}: the deployment's fields as the form holds them (`complete`: also those left at
+  // their default, for an edit), and the options that differ from vLLM's defaults.
+  const collect = ({ complete = false } = {}) => {
+    const a = own.collect({ complete });
+    const b = options ? options.collect() : { values: {}, errors: {} };
+    const errors = { ...a.errors };
+    for (const [k, m] of Object.entries(b.errors)) errors[`options.${k}`] = m;
+    const values = { ...a.values, model_id: select.value };
+    if (complete || Object.keys(b.values).length) values.options = b.values;
+    return { values, errors };
+  };
+
+  return { element, own, options, select, collect, showErrors, clearErrors, fill: (d) => {
+    own.fill(d);
+    if (options) options.fill(d.options);
+    select.value = d.model_id;
+  } };
+}
+
+function createForm(ctx, created) {
+  const { signal } = ctx;
+  const section = h("section.card.deployment-create", { "aria-labelledby": "deployment-create-title" },
+    h("h2#deployment-create-title", "Create a deployment"));
+  if (ctx.schemas.error) {
+    section.append(h("p.error-text", { role: "alert" }, `The form could not be loaded: ${ctx.schemas.error}.`));
+    return section;
+  }
+  if (!ctx.ready.length) {
+    section.append(empty("No model is ready to deploy: download or register a model first.",
+      h("a.button", { href: "/models" }, "Go to Models")));
+    return section;
+  }
+  const fields = deploymentFields(ctx, { omit: [],
+    note: "Empty fields leave vLLM's own default. The model, the served name and the port are set by the deployment." });
+  const submit = h("button.button.primary", { type: "submit" }, "Create");
+  const error = errorSlot();
+  const form = h("form.deployment-form", { novalidate: true }, fields.element, h("div.actions", submit), error);
+  section.append(form);
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (submit.disabled) return;
+    showError(error, null);
+    const { values, errors } = fields.collect();
+    if (Object.keys(errors).length) {
+      report(fields, error, errors, null);
+      return;
+    }
+    fields.clearErrors();
+    submit.disabled = true;
+    submit.textContent = "Creating…";
+    try {
+      const deployment = await api("POST", "/deployments", values, { signal });
+      created(deployment);
+      toast(`${deployment.name} was created. Load it, or send it a /v1 request.`, "ok");
+      fields.fill({ model_id: fields.select.value });
+    } catch (err) {
+      if (err.name === "AbortError" || err.status === 401) return;
+      report(fields, error, err.fieldErrors, err);
+    } finally {
+      submit.disabled = false;
+      submit.textContent = "Create";
+    }
+  });
+  return section;
+}
+
+function editForm(d, ctx, { saved, canceled }) {
+  const { signal } = ctx;
+  if (ctx.schemas.error) return h("p.error-text", { role: "alert" }, `The form could not be loaded: ${ctx.schemas.error}.`);
+  // What deployments.update takes (the name is in the path); the rest of create's fields cannot change.
+  const editable = ctx.schemas.update ? Object.keys(ctx.schemas.update.properties) : Object.keys(ctx.schemas.create.properties);
+  const omit = ["name", ...Object.keys(ctx.schemas.create.properties).filter((k) => !editable.includes(k))];
+  const fields = deploymentFields(ctx, { omit, currentModel: d.model_id,
+    note: "Empty fields leave vLLM's own default. Saved options replace the options as a whole." });
+  fields.fill(d);
+  const save = h("button.button.primary", { type: "submit" }, "Save");
+  const cancel = h("button.button", { type: "button" }, "Cancel");
+  const error = errorSlot();
+  const form = h("form.deployment-form.deployment-edit", { novalidate: true, "aria-label": `Edit ${d.name}` },
+    h("h4", `Edit ${d.name}`),
+    fields.element, h("div.actions", save, cancel), error,
+    h("p.hint", "A loaded instance keeps running as it was started until it is unloaded and loaded again."));
+  cancel.addEventListener("click", canceled);
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (save.disabled) return;
+    showError(error, null);
+    const { values, errors } = fields.collect({ complete: true });
+    if (Object.keys(errors).length) {
+      report(fields, error, errors, null);
+      return;
+    }
+    // Every editable field is sent: one left empty takes its default (no aliases: an empty list).
+    const body = {};
+    for (const name of editable) {
+      if (name === "name") continue;
+      const schema = resolveSchema(ctx.schemas.create.properties[name] || {}, ctx.schemas.create).schema;
+      if (name in values) body[name] = values[name];
+      else if (schema.type === "array") body[name] = [];
+      else if (schema.default !== undefined) body[name] = schema.default;
+    }
+    fields.clearErrors();
+    save.disabled = true;
+    save.textContent = "Saving…";
+    try {
+      saved(await api("PATCH", `/deployments/${encodeURIComponent(d.name)}`, body, { signal }));
+    } catch (err) {
+      if (err.name === "AbortError" || err.status === 401) return;
+      report(fields, error, err.fieldErrors, err);
+    } finally {
+      save.disabled = false;
+      save.textContent = "Save";
+    }
+  });
+  return form;
+}
+
+// A refused form: field errors next to their fields; what has none (a conflict, a check across
+// fields, an unreachable server) by the button, in the server's words.
+function report(fields, slot, fieldErrors, error) {
+  const { unplaced, placed } = fields.showErrors(fieldErrors);
+  if (unplaced) showError(slot, unplaced);
+  else if (placed) showError(slot, "Some fields need a change: see the messages next to them.");
+  else showError(slot, error);
+}

@@ -1,0 +1,307 @@
+"""The deployments page in a real Chromium (docs/console.md, docs/router.md): create a deployment from the
+form generated from deployments.create's schema, follow its instance live through
+`GET /api/deployments/events` (no reload, no polling) as it loads and unloads, edit and delete it; bad
+input shows the server's error by its field and saves nothing.
+
+The fake vLLM loads for LOAD_S seconds here, so `starting` lasts long enough to be seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from playwright.sync_api import Browser, Locator, Page, Route, expect
+
+from tests.support.browser import Watched, new_page, settled, sign_in
+from tests.support.server import free_port
+from tests.support.stack import Stack, console_stack
+
+LOAD_S = 2
+START_TIMEOUT_MS = 30_000  # the fake is ready LOAD_S after its start; the bound only ends a hang
+BACKGROUND = {"light": "rgb(246, 247, 249)", "dark": "rgb(15, 18, 22)"}
+SURFACE = {"light": "rgb(255, 255, 255)", "dark": "rgb(23, 27, 33)"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    first = free_port()
+    knobs = {"load_seconds": LOAD_S, "max_lifetime": 300}
+    flags = ("--runtime-ports", f"{first}-{first + 9}")
+    with console_stack(tmp_path_factory.mktemp("console-deployments"), *flags, vllm_knobs=knobs) as running:
+        for name in ("alpha", "beta"):
+            directory = running.server.data_dir / "models" / name
+            directory.mkdir(parents=True)
+            (directory / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+            r = running.server.fetch("/api/models/local", "POST", json={"name": name, "path": name})
+            assert r.status_code == 201, r.text
+        yield running
+
+
+@pytest.fixture
+def watched(browser: Browser, stack: Stack) -> Iterator[Watched]:
+    page = new_page(browser, stack.url)
+    requests: list[str] = []
+    page.page.on("request", lambda r: requests.append(f"{r.method} {r.url}"))
+    page.requests = requests  # type: ignore[attr-defined]
+    sign_in(page, stack.server.admin_token or "", "/deployments")
+    expect(page.page.get_by_role("heading", name="Deployments", level=1)).to_be_visible()
+    try:
+        yield page
+        page.page.context.close()
+        page.assert_clean()
+    finally:
+        delete_all(stack)
+
+
+def delete_all(stack: Stack) -> None:
+    for deployment in saved(stack):
+        r = stack.server.fetch(f"/api/deployments/{quote(deployment['name'], safe='')}", "DELETE")
+        assert r.status_code == 200, r.text
+
+
+def saved(stack: Stack) -> list[dict[str, Any]]:
+    r = stack.server.fetch("/api/deployments")
+    assert r.status_code == 200, r.text
+    return r.json()["deployments"]
+
+
+def card(page: Page, name: str) -> Locator:
+    return page.get_by_role("article", name=name, exact=True)
+
+
+def fact(deployment: Locator, label: str) -> Locator:
+    return deployment.locator(".deployment-fact", has=deployment.page.get_by_text(label, exact=True)).locator(
+        "dd"
+    )
+
+
+def create(page: Page, name: str, model: str = "alpha", **fields: str) -> None:
+    form = page.get_by_role("region", name="Create a deployment")
+    form.get_by_label("Name", exact=True).fill(name)
+    form.get_by_label("Model", exact=True).select_option(label=model)
+    for label, value in fields.items():
+        form.get_by_label(label, exact=True).fill(value)
+    form.get_by_role("button", name="Create", exact=True).click()
+
+
+def test_create_load_and_unload_follow_the_events_without_a_reload(watched: Watched, stack: Stack) -> None:
+    page = watched.page
+    expect(page.get_by_text("No deployment yet")).to_be_visible()
+    page.evaluate("window.sameDocument = true")  # gone if the page reloads
+
+    create(page, "llama", Aliases="ll\nfast-llama", **{"Idle timeout (s)": "900"})
+    llama = card(page, "llama")
+    expect(llama).to_have_attribute("data-state", "unloaded")
+    expect(fact(llama, "Aliases")).to_have_text("ll, fast-llama")
+    expect(fact(llama, "Model")).to_have_text("alpha")
+    expect(fact(llama, "When idle")).to_have_text("stop after 15 min 0 s idle")
+    expect(page.get_by_text("No deployment yet")).to_be_hidden()
+    [row] = saved(stack)
+    assert row["name"] == "llama" and row["aliases"] == ["ll", "fast-llama"] and row["idle_timeout_s"] == 900
+    assert row["instance"]["state"] == "unloaded"  # creating loads nothing
+
+    llama.get_by_role("button", name="Load", exact=True).click()
+    expect(llama).to_have_attribute("data-state", "starting")
+    expect(llama.get_by_role("button", name="Unload", exact=True)).to_be_visible()  # it cancels a load
+    expect(llama).to_have_attribute("data-state", "ready", timeout=START_TIMEOUT_MS)
+    port = saved(stack)[0]["instance"]["port"]
+    expect(fact(llama, "Port")).to_have_text(str(port))
+    expect(fact(llama, "In flight")).to_have_text("0")
+    expect(fact(llama, "Idle deadline")).not_to_have_text("—")  # the idle timer runs from ready
+    expect(llama.get_by_role("button", name="Load", exact=True)).to_be_hidden()
+    # No instance here says it can sleep: no Sleep or Wake button.
+    expect(llama.get_by_role("button", name="Sleep", exact=True)).to_have_count(0)
+    expect(llama.get_by_role("button", name="Wake", exact=True)).to_have_count(0)
+
+    llama.get_by_role("button", name="Unload", exact=True).click()
+    expect(llama).to_have_attribute("data-state", "unloaded", timeout=START_TIMEOUT_MS)
+    expect(fact(llama, "Port")).to_have_text("—")
+    assert saved(stack)[0]["instance"]["state"] == "unloaded"
+
+    assert page.evaluate("window.sameDocument") is True  # the page was never reloaded
+    sent: list[str] = watched.requests  # type: ignore[attr-defined]
+    assert [r for r in sent if r.startswith("GET ") and r.endswith("/api/deployments/events")]
+    assert (
+        len([r for r in sent if r.startswith("GET ") and r.endswith("/api/deployments")]) == 1
+    )  # no polling
+
+
+def test_bad_input_shows_the_fields_error_and_saves_nothing(watched: Watched, stack: Stack) -> None:
+    page = watched.page
+    watched.expect_http_error(400, 409)
+    form = page.get_by_role("region", name="Create a deployment")
+    name = form.get_by_label("Name", exact=True)
+
+    create(page, "-starts-with-a-dash")
+    expect(
+        form.locator(".field", has=page.get_by_label("Name", exact=True)).locator(".field-error")
+    ).to_contain_text("not of the expected form")
+    expect(name).to_have_attribute("aria-invalid", "true")
+
+    name.fill("ok")
+    form.get_by_label("Idle timeout (s)", exact=True).fill("99999999")
+    form.get_by_role("button", name="Create", exact=True).click()
+    expect(
+        form.locator(".field", has=page.get_by_label("Idle timeout (s)", exact=True)).locator(
+            ".field-error.server"
+        )
+    ).to_contain_text("less than or equal to 604800")
+    form.get_by_label("Idle timeout (s)", exact=True).fill("")
+    form.get_by_label("Idle timeout (s)", exact=True).blur()  # the change event clears its note
+    expect(form.locator(".field-error")).to_have_count(0)
+
+    # An option of vLLM's, in the generated Options: its error sits by it, and Options opens.
+    form.get_by_text("Options", exact=True).click()
+    utilization = form.get_by_label("GPU memory utilization", exact=True)
+    utilization.fill("5")
+    form.get_by_text("Options", exact=True).click()  # closed again
+    form.get_by_role("button", name="Create", exact=True).click()
+    expect(
+        form.locator(".field", has=page.get_by_label("GPU memory utilization", exact=True)).locator(
+            ".field-error.server"
+        )
+    ).to_contain_text("less than or equal to 1")
+    expect(utilization).to_be_visible()
+    assert saved(stack) == []
+    expect(page.get_by_role("article")).to_have_count(0)
+
+    # A name taken by an alias: the server's message by the button.
+    utilization.fill("")
+    create(page, "first", Aliases="shared")
+    expect(card(page, "first")).to_be_visible()
+    create(page, "shared")
+    expect(form.locator("p.error-text[role=alert]").last).to_contain_text(
+        "the name shared is taken by deployment first"
+    )
+    assert [d["name"] for d in saved(stack)] == ["first"]
+
+
+def test_edit_changes_the_saved_fields_and_a_loaded_one_says_restart_required(
+    watched: Watched, stack: Stack
+) -> None:
+    page = watched.page
+    create(page, "org/gemma", Aliases="g")
+    gemma = card(page, "org/gemma")
+    expect(gemma).to_have_attribute("data-state", "unloaded")
+    gemma.get_by_role("button", name="Load", exact=True).click()
+    expect(gemma).to_have_attribute("data-state", "ready", timeout=START_TIMEOUT_MS)
+
+    gemma.get_by_role("button", name="Edit", exact=True).click()
+    editor = page.get_by_role("form", name="Edit org/gemma")
+    expect(editor.get_by_label("Aliases", exact=True)).to_have_value("g")  # filled from what is saved
+    expect(editor.get_by_label("Model", exact=True)).to_have_value(saved(stack)[0]["model_id"])
+    editor.get_by_label("Aliases", exact=True).fill("")  # no aliases left: an empty list is sent
+    editor.get_by_label("Model", exact=True).select_option(label="beta")
+    editor.get_by_label("Pinned", exact=True).check()
+    editor.get_by_role("button", name="Save", exact=True).click()
+
+    expect(editor).to_have_count(0)
+    expect(gemma.get_by_text("restart required", exact=True)).to_be_visible()
+    expect(fact(gemma, "Model")).to_have_text("beta")
+    expect(fact(gemma, "Aliases")).to_have_text("—")
+    expect(gemma.get_by_text("pinned", exact=True)).to_be_visible()
+    [row] = saved(stack)
+    assert row["aliases"] == [] and row["pinned"] is True and row["instance"]["restart_required"] is True
+
+    # Unload and load again: it runs as saved now.
+    gemma.get_by_role("button", name="Unload", exact=True).click()
+    expect(gemma).to_have_attribute("data-state", "unloaded", timeout=START_TIMEOUT_MS)
+    expect(gemma.get_by_text("restart required", exact=True)).to_have_count(0)
+
+    gemma.get_by_role("button", name="Delete", exact=True).click()
+    dialog = page.get_by_role("dialog", name="Delete org/gemma?")
+    dialog.get_by_role("button", name="Delete").click()
+    expect(gemma).to_have_count(0)
+    assert saved(stack) == []
+    expect(page.get_by_text("No deployment yet")).to_be_visible()
+
+
+def test_sleep_and_wake_show_only_where_the_instance_supports_sleep(watched: Watched, stack: Stack) -> None:
+    """The server has no sleep yet (docs/router.md, "What comes next"): its answers are stood in for
+    here, a listing with one sleeping instance that supports sleep, and the answer to its wake."""
+    page = watched.page
+    dozy = {
+        "name": "dozy",
+        "model_id": "0" * 32,
+        "options": {},
+        "aliases": [],
+        "pinned": False,
+        "load_on_start": False,
+        "idle_timeout_s": 60,
+        "idle_action": "sleep",
+        "stop_timeout_s": 10,
+        "created_at": "2026-01-01T00:00:00.000Z",
+        "updated_at": "2026-01-01T00:00:00.000Z",
+        "instance": {
+            "state": "sleeping",
+            "sleep_supported": True,
+            "port": 8123,
+            "pid": 4242,
+            "pgid": 4242,
+            "error": None,
+            "last_lines": [],
+            "restart_required": False,
+            "in_flight": 0,
+            "last_used": None,
+            "idle_deadline": None,
+        },
+    }
+    woken: list[str] = []
+
+    def listing(route: Route) -> None:
+        if route.request.method != "GET":
+            route.fallback()  # a create
+            return
+        answer = route.fetch()
+        body = answer.json()
+        route.fulfill(response=answer, json={"deployments": [*body["deployments"], dozy]})
+
+    def wake(route: Route) -> None:
+        woken.append(route.request.method)
+        route.fulfill(json={"name": "dozy", **dozy["instance"], "state": "waking"})
+
+    page.route("**/api/deployments", listing)
+    page.route("**/api/deployments/dozy/wake", wake)
+    create(page, "plain")
+    expect(card(page, "plain")).to_have_attribute("data-state", "unloaded")
+    page.reload()
+    settled(page)
+
+    asleep = card(page, "dozy")
+    expect(asleep).to_have_attribute("data-state", "sleeping")
+    expect(asleep.locator(".badge")).to_have_text("sleeping")
+    expect(asleep.get_by_role("button", name="Sleep", exact=True)).to_be_hidden()
+    asleep.get_by_role("button", name="Wake", exact=True).click()
+    expect(asleep).to_have_attribute("data-state", "waking")  # any state word is shown
+    expect(asleep.locator(".badge")).to_have_text("waking")
+    assert woken == ["POST"]
+    plain = card(page, "plain")  # an instance without sleep_supported: neither button
+    expect(plain.get_by_role("button", name="Sleep", exact=True)).to_have_count(0)
+    expect(plain.get_by_role("button", name="Wake", exact=True)).to_have_count(0)
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_page_fits_390_px_in_both_themes(browser: Browser, stack: Stack, theme: str) -> None:
+    watched = new_page(browser, stack.url, color_scheme=theme)
+    page = watched.page
+    page.set_viewport_size({"width": 390, "height": 844})
+    sign_in(watched, stack.server.admin_token or "", "/deployments")
+    try:
+        create(page, "a-deployment-with-a-rather-long-name/for-a-narrow-screen", Aliases="x")
+        long = card(page, "a-deployment-with-a-rather-long-name/for-a-narrow-screen")
+        expect(long).to_have_attribute("data-state", "unloaded")
+        long.get_by_role("button", name="Edit", exact=True).click()
+        page.get_by_role("region", name="Create a deployment").get_by_text("Options", exact=True).click()
+        settled(page)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"the deployments page is {width} px wide at 390 px"
+        # The theme's colours (static/css/console.css: --bg, --surface), not fixed ones.
+        expect(page.locator("body")).to_have_css("background-color", BACKGROUND[theme])
+        expect(long).to_have_css("background-color", SURFACE[theme])
+        page.context.close()
+        watched.assert_clean()
+    finally:
+        delete_all(stack)
