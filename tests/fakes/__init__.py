@@ -16,13 +16,28 @@ from pathlib import Path
 FAKE_VLLM = Path(__file__).resolve().parent / "vllm.py"
 
 
-def fake_vllm_bin(directory: Path, **knobs: object) -> Path:
+def _export(knob: str, value: object) -> str:
+    return f"export FAKE_VLLM_{knob.upper()}={shlex.quote(str(value))}"
+
+
+def fake_vllm_bin(
+    directory: Path, *, by_name: dict[str, dict[str, object]] | None = None, **knobs: object
+) -> Path:
     """A `vllm` for `--vllm-bin`: the fake with `FAKE_VLLM_<KNOB>=value` set, e.g. `load_seconds=2`.
     vllm-use passes its children an allow-listed environment, so knobs put in the server's
-    environment never reach the fake: the wrapper sets them."""
+    environment never reach the fake: the wrapper sets them. `by_name` adds knobs for one served
+    model name (a deployment's name, `--served-model-name=<name>`): `{"slow": {"load_seconds": 3}}`."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "vllm"
-    exports = "".join(f"export FAKE_VLLM_{k.upper()}={shlex.quote(str(v))}\n" for k, v in knobs.items())
+    exports = "".join(_export(k, v) + "\n" for k, v in knobs.items())
+    if by_name:
+        cases = "".join(
+            f"  *{shlex.quote(f' --served-model-name={name} ')}*) "
+            + "; ".join(_export(k, v) for k, v in extra.items())
+            + " ;;\n"
+            for name, extra in by_name.items()
+        )
+        exports += f'case " $* " in\n{cases}esac\n'
     path.write_text(
         f'#!/bin/sh\n{exports}exec {shlex.quote(sys.executable)} {shlex.quote(str(FAKE_VLLM))} "$@"\n'
     )

@@ -1,14 +1,21 @@
 // The model picker and the parameters (docs/chat.md, Model and Parameters): selects "Model" and
-// "Compare with" (models from GET /v1/models, aliases included), and a <details> "Parameters" with
-// "System prompt", "Temperature", "Top p", "Max tokens" and "Stop" (one per line). Empty means the
-// server's default, which the placeholders say. Values are kept per conversation by the page
-// (`read()` / `apply()`), and `request()` turns them into the fields of a completion request.
+// "Compare with" (models from GET /v1/models, aliases included, each deployment with its status:
+// "qwen — unloaded"), and a <details> "Parameters" with "System prompt", "Temperature", "Top p",
+// "Max tokens" and "Stop" (one per line). Empty means the server's default, which the placeholders
+// say. Values are kept per conversation by the page (`read()` / `apply()`), and `request()` turns
+// them into the fields of a completion request.
+//
+// A model chosen that the last listing no longer names (deleted, or its runtime stopped) stays
+// chosen, as a disabled option "<name> — unavailable", and `unavailable()` names it: the page sends
+// nothing until another is chosen, rather than switching models behind the user's back.
+// `onOpen()` runs when a picker is opened or focused (the page lists the models again then).
 
 import { field, h, showFieldErrors } from "../ui.js";
+import { labelOf } from "./models.js";
 
 export const EMPTY_PARAMS = { system: "", temperature: null, top_p: null, max_tokens: null, stop: [] };
 
-export function createControls({ onChange }) {
+export function createControls({ onChange, onOpen = () => {} }) {
   const model = h("select", { name: "model" });
   const compare = h("select", { name: "compare" }, h("option", { value: "" }, "Off"));
   const system = h("textarea.system-prompt", { name: "system", rows: 3, placeholder: "server default (none)" });
@@ -34,19 +41,54 @@ export function createControls({ onChange }) {
   form.addEventListener("submit", (event) => event.preventDefault());
   form.addEventListener("change", () => onChange());
 
-  let known = [];
+  let known = []; // the entries of the last listing
 
-  // Options for a select: the served names; a remembered name is kept while the list is unknown.
+  // Options for a select: the served models, labelled with their status; a remembered name is kept
+  // while the list is unknown, and shown as unavailable once a listing no longer names it. The
+  // option elements are changed in place, so that a picker open meanwhile stays as it is.
   let loaded = false; // whether /v1/models has answered yet
-  const fill = (select, names, chosen, off) => {
-    const list = [...names];
-    if (chosen && !list.length) list.push(chosen);
-    const first = off ? [h("option", { value: "" }, "Off")]
-      : list.length ? [] : [h("option", { value: "" }, loaded ? "No model running" : "—")];
-    select.replaceChildren(...first, ...list.map((name) => h("option", { value: name }, name)));
-    select.value = list.includes(chosen) ? chosen : off ? "" : (list[0] || "");
+  const fill = (select, chosen, off) => {
+    const wanted = known.map((m) => ({ value: m.id, label: labelOf(m), disabled: false }));
+    const listed = wanted.some((o) => o.value === chosen);
+    if (chosen && !listed) {
+      wanted.push({ value: chosen, label: loaded ? `${chosen} — unavailable` : chosen, disabled: loaded });
+    }
+    if (off) wanted.unshift({ value: "", label: "Off", disabled: false });
+    else if (!wanted.length) wanted.push({ value: "", label: loaded ? "No model running" : "—", disabled: false });
+    const existing = new Map([...select.options].map((o) => [o.value, o]));
+    const options = wanted.map(({ value, label, disabled }) => {
+      const option = existing.get(value) || h("option", { value });
+      if (option.textContent !== label) option.textContent = label;
+      option.disabled = disabled;
+      return option;
+    });
+    if (options.length !== select.options.length || options.some((o, i) => select.options[i] !== o)) {
+      select.replaceChildren(...options);
+    }
+    select.value = chosen && wanted.some((o) => o.value === chosen) ? chosen : off ? "" : wanted[0].value;
   };
-  fill(model, [], "", false);
+  fill(model, "", false);
+
+  // Opening a picker lists the models again: a press (also on a picker that has the focus) or the
+  // focus from the keyboard; the focus that follows a press is the same opening.
+  let pressed = null;
+  for (const select of [model, compare]) {
+    select.addEventListener("pointerdown", () => {
+      pressed = select;
+      onOpen();
+    });
+    select.addEventListener("focus", () => {
+      if (pressed !== select) onOpen();
+      pressed = null;
+    });
+    select.addEventListener("blur", () => { pressed = null; });
+    // Choosing another model drops an unavailable one from the options.
+    select.addEventListener("change", () => {
+      fill(model, model.value, false);
+      fill(compare, compare.value, true);
+    });
+  }
+  const unlisted = (name) => loaded && name !== "" && !known.some((m) => m.id === name);
 
   // The model's context length, when /v1/models says it, in the Max tokens placeholder.
   const hint = () => {
@@ -59,28 +101,29 @@ export function createControls({ onChange }) {
     element: form,
     details,
 
-    // models: [{id, root, max_model_len}] from /v1/models.
+    // models: [{id, root, max_model_len, status?}] from /v1/models.
     setModels(models) {
       known = models;
       loaded = true;
-      const names = models.map((m) => m.id);
-      const current = model.value;
-      const currentCompare = compare.value;
-      fill(model, names, current, false);
-      fill(compare, names, currentCompare, true);
+      fill(model, model.value, false);
+      fill(compare, compare.value, true);
       hint();
     },
 
-    // Whether a model can be asked for: /v1/models has answered and listed at least one.
+    // Whether a model can be asked for: /v1/models has answered, and listed the ones chosen.
     hasModel() {
-      return loaded && model.value !== "";
+      return loaded && model.value !== "" && !this.unavailable().length;
+    },
+
+    // The models chosen (model, compare) that the last listing does not name.
+    unavailable() {
+      return [model.value, compare.value].filter(unlisted);
     },
 
     // The conversation's remembered choices (or a new chat's: the current ones stay).
     apply({ model: chosenModel, compareModel, params }) {
-      const names = known.map((m) => m.id);
-      if (chosenModel) fill(model, names, chosenModel, false);
-      fill(compare, names, compareModel || "", true);
+      if (chosenModel) fill(model, chosenModel, false);
+      fill(compare, compareModel || "", true);
       hint();
       const p = { ...EMPTY_PARAMS, ...(params || {}) };
       system.value = p.system || "";

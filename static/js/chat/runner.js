@@ -7,6 +7,13 @@
 //   keeps generating) so the next visit resumes it.
 // The message record ({content, reasoning, offset, status, ...}, store.js) is changed in place, its
 // text and offset together at each complete SSE event, and saved at most 250 ms apart and at the end.
+//
+// Loading on demand (docs/router.md): a request for a deployment that is not loaded is held by the
+// gateway, not a byte sent, until its vLLM is ready. Meanwhile `message.loading` is true (set by
+// `setLoading()` from what /v1/models says, and by a 503 `model_loading`); it ends with the first
+// event of the answer. A 503 `model_loading` is asked again after its Retry-After (counted down in
+// `message.retryIn`), until LOAD_WAIT_MAX_MS have passed since the message was sent or the user
+// stops it. Neither field is saved: they describe this page's request, not the answer.
 
 import { readEvents } from "../http.js";
 import { putMessage } from "./store.js";
@@ -14,6 +21,13 @@ import { GatewayError, applyChunk, openCompletion, openReplay, stopStream } from
 
 const SAVE_MS = 250;
 const RECONNECT_MS = [500, 1500, 3000]; // after a drop: pauses before each try to reach the replay
+// Waiting for a model to load: the gateway holds each request up to its --load-wait-timeout
+// (600 s by default) before a 503; past this much in all the page gives up and says so.
+const LOAD_WAIT_MAX_MS = 15 * 60 * 1000;
+const RETRY_AFTER_S = { fallback: 5, min: 1, max: 60 }; // a Retry-After missing or out of these bounds
+
+const stillLoading = (err) => err instanceof GatewayError && err.status === 503 && err.code === "model_loading";
+const TRANSIENT = ["loading", "retryIn"]; // the message's fields that are never saved
 
 // A fetch that failed or a body that broke off, as opposed to an answer in words.
 const isDrop = (err) => (err instanceof GatewayError && err.network) || err instanceof TypeError;
@@ -44,6 +58,20 @@ export class Runner {
 
   resume() {
     return this.#run(this.#replay, true);
+  }
+
+  // Whether the answer has not begun yet: its request (or replay) may still wait for a load.
+  get waiting() {
+    return !this.ended && !this.begun;
+  }
+
+  // What /v1/models says now about the model asked for: its request waits for a load, or not.
+  // Ignored once the answer has begun, and while a 503 has said so itself.
+  setLoading(loading) {
+    const m = this.message;
+    if (!this.waiting || m.retryIn || Boolean(m.loading) === loading) return;
+    m.loading = loading;
+    this.onChange(m);
   }
 
   #replay = () => openReplay({ key: this.key, conversationId: this.message.id, from: this.message.offset || 0,
@@ -105,6 +133,10 @@ export class Runner {
         let outcome = null;
         // `end` counts the bytes of this response through the event: the offset to resume from.
         await readEvents(response, ({ data, end }) => {
+          if (!this.begun && data !== null) { // (a comment such as a heartbeat is not the answer)
+            this.begun = true;
+            delete m.loading;
+          }
           const result = applyChunk(m, data);
           m.offset = base + end;
           if (result) {
@@ -114,6 +146,12 @@ export class Runner {
           this.#changed();
           return false;
         }, { keepRequest: true });
+        if (replaying && !this.begun && !this.stopping && !m.content && !m.reasoning) {
+          // A clean end without a single event: the session ended before the model said anything,
+          // e.g. the gateway dropped a request held for a load once its page was left (reloaded).
+          return this.#finish("error", `The server ended this request before ${m.model || "the model"} answered `
+            + "(the page was left while it waited). Regenerate to ask again.");
+        }
         if (outcome === "done") return this.#finish("done");
         if (outcome instanceof Error) return this.#finish("error", outcome.message);
         if (this.stopping) return this.#stopped();
@@ -126,6 +164,10 @@ export class Runner {
           return;
         }
         if (this.stopping) return this.#stopped();
+        if (!replaying && stillLoading(err) && Date.now() - m.startedAt < LOAD_WAIT_MAX_MS) {
+          await this.#waitForLoad(err.retryAfter);
+          continue; // asked again (an abort meanwhile ends it above, as stopped or detached)
+        }
         if (err instanceof GatewayError && err.status === 401) {
           this.onUnauthorized(err);
           return this.#finish("error", err.message);
@@ -139,6 +181,32 @@ export class Runner {
         return this.#finish("error", this.#explain(err, replaying));
       }
     }
+  }
+
+  // A 503 `model_loading`: the message says "loading" and counts down to the next try, a second
+  // at a time; resolves early when the runner is aborted (stop, detach, discard).
+  async #waitForLoad(retryAfter) {
+    const m = this.message;
+    const { fallback, min, max } = RETRY_AFTER_S;
+    let left = Math.min(max, Math.max(min, retryAfter ?? fallback));
+    const { signal } = this.controller;
+    m.loading = true;
+    while (left > 0 && !signal.aborted) {
+      m.retryIn = left;
+      this.onChange(m);
+      await new Promise((resolve) => {
+        const done = () => {
+          clearTimeout(timer);
+          signal.removeEventListener("abort", done);
+          resolve();
+        };
+        const timer = setTimeout(done, 1000);
+        signal.addEventListener("abort", done);
+      });
+      left -= 1;
+    }
+    delete m.retryIn;
+    this.onChange(m);
   }
 
   #explain(err, replaying) {
@@ -168,7 +236,9 @@ export class Runner {
   #save() {
     if (this.discarded) return Promise.resolve();
     this.savedAt = Date.now();
-    return putMessage({ ...this.message }).catch((err) => this.onSaveError(err));
+    const record = { ...this.message };
+    for (const field of TRANSIENT) delete record[field];
+    return putMessage(record).catch((err) => this.onSaveError(err));
   }
 
   async #stopped() {
@@ -185,6 +255,7 @@ export class Runner {
     const m = this.message;
     m.status = status;
     m.finishedAt = Date.now();
+    for (const field of TRANSIENT) delete m[field];
     if (status === "stopped" && this.stopFailure) {
       note = `The server was not told to stop (${this.stopFailure.message}).`;
     }

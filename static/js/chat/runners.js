@@ -3,6 +3,9 @@
 // the conversation's answers, deleting a conversation discards its, leaving the page detaches all
 // (the server goes on generating; the next visit resumes them).
 //
+// `markLoading(needsLoad)`: the answers still waiting for their first event show "loading <model>…"
+// where the models' listing says their model is being (or must be) loaded.
+//
 // `resumeStale(entries, signal)`: answers left `streaming` (a reload, another page of the console)
 // are continued from their saved offset when the gateway still has them (POST /v1/streams/lookup),
 // else marked `error` with their partial text kept.
@@ -50,6 +53,12 @@ export class Runners {
         r.discard();
       }
     }
+  }
+
+  // After a listing of the models: each answer not begun yet says whether its model is loading
+  // (`needsLoad(name)`, chat/models.js).
+  markLoading(needsLoad) {
+    for (const r of this.#runners.values()) if (r.waiting) r.setLoading(needsLoad(r.message.model));
   }
 
   detachAll() {

@@ -15,17 +15,21 @@
 import { UNREACHABLE, send } from "../http.js";
 
 export class GatewayError extends Error {
-  constructor(status, message, code = "") {
+  constructor(status, message, code = "", retryAfter = null) {
     super(message);
     this.name = "GatewayError";
     this.status = status;
-    this.code = code;
+    this.code = code; // the error document's `code` (e.g. "model_loading"), "" without one
+    this.retryAfter = retryAfter; // seconds, from a `Retry-After` header in seconds; null without one
   }
 }
 
-// The gateway answers in the OpenAI shape ({"error": {"message"}}); an upstream may relay its own.
+// The gateway answers in the OpenAI shape ({"error": {"message", "code"}}); an upstream may relay
+// its own. A 502 with a message is vllm-use's own words (e.g. "the model qwen failed to load"),
+// shown as they are; one without says what a bare 502 from the gateway means.
 async function failure(response) {
   let message = "";
+  let code = "";
   try {
     const text = await response.text();
     try {
@@ -34,16 +38,18 @@ async function failure(response) {
       message = (error && (error.message || (typeof error === "string" ? error : "")))
         || payload.message || payload.detail || "";
       if (typeof message !== "string") message = JSON.stringify(message);
+      if (error && typeof error.code === "string") code = error.code;
     } catch (_) {
       message = text.slice(0, 300);
     }
   } catch (_) { /* the body could not be read: the status says enough */ }
   let prefix = "";
   if (response.status === 401) prefix = "The inference key was refused";
-  else if (response.status === 502) prefix = "No model is answering (start one on the Runtime page)";
+  else if (response.status === 502 && !message) prefix = "No model is answering (start one on the Runtime page)";
   else if (response.status === 404 && !message) prefix = "Not found";
   const text = [prefix, message].filter(Boolean).join(": ") || `The gateway answered ${response.status}.`;
-  return new GatewayError(response.status, text);
+  const retry = Number.parseInt(response.headers.get("Retry-After") || "", 10);
+  return new GatewayError(response.status, text, code, Number.isFinite(retry) && retry >= 0 ? retry : null);
 }
 
 // A fetch that failed: the server cannot be reached (Runner retries these).

@@ -1,7 +1,7 @@
 // How one message looks (docs/chat.md, Messages and Branches): `li.message` with data-message-id,
 // data-role and data-status; the text in `.message-body` (an answer as rendered Markdown, a prompt
-// as text); reasoning in a closed <details class="reasoning">; a footer with the state ("Stopped",
-// an error note), `.message-stats` (time to first token, tokens/s) and the actions (Edit,
+// as text); reasoning in a closed <details class="reasoning">; a footer with the state ("loading
+// qwen…", "Stopped", an error note), `.message-stats` (time to first token, tokens/s) and the actions (Edit,
 // Regenerate); a branch switcher where the message has siblings.
 //
 // `messageItem(message, actions)` builds the element; `updateItem(item, message)` refreshes it in
@@ -21,6 +21,13 @@ export function statsText(m) {
   parts.push(tokens > 1 && span > 0 ? `${((tokens - 1) / span).toFixed(1)} tokens/s` : "— tokens/s");
   parts.push(`${tokens} token${tokens === 1 ? "" : "s"}`);
   return parts.join(" · ");
+}
+
+// A request held while its model loads (chat/runner.js): "loading qwen…", and after a 503
+// `model_loading` the count down to the next try.
+function loadingText(m) {
+  const name = `loading ${m.model || "the model"}…`;
+  return m.retryIn ? `${name} still loading; asking again in ${m.retryIn} s` : name;
 }
 
 // `actions`: {siblings: [ids], onBranch(id), onEdit(message), onRegenerate(message), busy: bool}
@@ -76,7 +83,9 @@ export function updateItem(item, m) {
     else parts.body.textContent = content;
   }
   let state = "";
-  if (m.status === "streaming") state = m.firstTokenAt ? "Generating…" : "Waiting for the first token…";
+  if (m.status === "streaming") {
+    state = m.firstTokenAt ? "Generating…" : m.loading ? loadingText(m) : "Waiting for the first token…";
+  }
   else if (m.status === "stopped") state = "Stopped";
   else if (m.status === "error") state = m.note || "The answer failed.";
   parts.state.textContent = state;

@@ -14,7 +14,7 @@ import { createEntries, exportEntry, importConversation, newEntry, requestBody }
 import { createSidebar } from "../chat/conversations.js";
 import { createControls } from "../chat/controls.js";
 import { createKeyPanel } from "../chat/key.js";
-import { NO_MODEL, createModelStatus } from "../chat/models.js";
+import { NO_MODEL, createModelStatus, goneText } from "../chat/models.js";
 import { Runners } from "../chat/runners.js";
 import { createThread, toBottom } from "../chat/thread.js";
 import { select, visiblePath } from "../chat/tree.js";
@@ -39,9 +39,10 @@ export async function render(root, page) {
       composer.input.focus();
     },
   });
-  const controls = createControls({ onChange: rememberChoices });
+  const controls = createControls({ onChange: rememberChoices, onOpen: () => models.load() });
   const models = createModelStatus({ controls, signal: page.signal, key: () => keys.key,
-    onRefused: () => keys.drop(), onChange: () => updateComposer() });
+    onRefused: () => keys.drop(), onChange: () => updateComposer(),
+    onListed: () => runners.markLoading((name) => models.needsLoad(name)) });
   const thread = createThread({ onBranch: switchBranch, onEdit: startEdit, onRegenerate: regenerate });
   const composer = createComposer({
     onSend: sendMessage,
@@ -54,10 +55,9 @@ export async function render(root, page) {
     onChange: (m) => thread.changed(m, m.status !== "streaming"),
     onEnd: (m) => {
       thread.changed(m, true);
-      if (current && current.conversation.id === m.conversationId) {
-        if (m.status === "error") showError(composer.error, m.model ? `${m.model}: ${m.note}` : m.note);
-        updateComposer();
-      }
+      // An error shows on its message, once; the models' statuses have changed (loaded, failed).
+      if (current && current.conversation.id === m.conversationId) updateComposer();
+      models.load();
     },
     onUnauthorized: () => keys.drop(),
     onSaveError: (err) => showError(composer.error, `The answer could not be saved in this browser: ${humanError(err)}`),
@@ -79,6 +79,7 @@ export async function render(root, page) {
     // would go to whatever the server defaults to, or fail (docs/chat.md). Without a key, Send
     // stays clickable and says what is missing.
     composer.update(busy, Boolean(keys.key) && !controls.hasModel());
+    models.check(); // a model chosen that is no longer served says so
     thread.setBusy(busy);
   }
 
@@ -117,6 +118,7 @@ export async function render(root, page) {
 
   // The model and parameters chosen are remembered by the conversation shown.
   function rememberChoices() {
+    updateComposer(); // Send and the model status follow the choice (e.g. away from a model gone)
     if (!current) return;
     const { model, compareModel, params } = controls.read();
     Object.assign(current.conversation, { model, compareModel, params });
@@ -162,6 +164,11 @@ export async function render(root, page) {
       showError(composer.error, NO_MODEL);
       return null;
     }
+    const gone = controls.unavailable();
+    if (gone.length) {
+      showError(composer.error, goneText(gone));
+      return null;
+    }
     return choice;
   }
 
@@ -180,6 +187,9 @@ export async function render(root, page) {
     localStorage.setItem(CURRENT, entry.conversation.id);
     await refreshList();
     for (const m of answers) runners.start(m, requestBody(entry, user, m.model, choice.params));
+    // "loading <model>…" at once where the picker said so, then as the listing after sending says.
+    runners.markLoading((name) => models.needsLoad(name));
+    models.load();
     renderThread();
     if (matchMedia(NARROW).matches) sidebar.setCollapsed(true);
     toBottom();
@@ -241,7 +251,10 @@ export async function render(root, page) {
   async function resumeAll() {
     if (!keys.key) return;
     try {
-      if (await runners.resumeStale(entries, page.signal)) updateComposer();
+      if (await runners.resumeStale(entries, page.signal)) {
+        runners.markLoading((name) => models.needsLoad(name)); // as the last listing said, if it has answered
+        updateComposer();
+      }
     } catch (err) {
       if (err.name === "AbortError") return;
       if (err.status === 401) keys.drop();
