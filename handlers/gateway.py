@@ -308,8 +308,8 @@ class RelayHandler(GatewaySurface):
             except VllmUseError as exc:  # still loading, too many waiting, unloaded meanwhile
                 self.fail(exc)
                 return
-            if self._client_gone:
-                return
+            if self._client_gone and self.session is None:
+                return  # an attached session goes on: its page comes back for the answer
         try:
             origin, upstream_key = self.app.upstream_target(self.model_sent)
         except (UpstreamUnavailable, Conflict) as exc:
@@ -366,8 +366,10 @@ class RelayHandler(GatewaySurface):
             log.warning("upstream connection broke mid-response: %s", exc)
             self._upstream_broke = True
             event = _upstream_lost_event(self.anthropic) if self._event_stream() else None
-            if event is not None and self.session is not None:
-                self.session.append(event)
+            if self.session is not None:
+                self.session.interrupted = True  # streams.lookup says so
+                if event is not None:
+                    self.session.append(event)
             if self._client_gone:
                 return
             if event is not None:

@@ -8,17 +8,22 @@ about what is saved.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
+import os
+import signal
 import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.fakes import fake_vllm_bin
 from tests.support.deployments import (
+    LONG,
     START_TIMEOUT_S,
     alive,
     chat,
@@ -607,3 +612,49 @@ def test_a_change_to_a_loaded_deployment_applies_at_its_next_load(router: Server
     assert router.fetch("/api/deployments/llama/unload", "POST").json()["restart_required"] is False
     reloaded = load(router, "llama").json()
     assert reloaded["state"] == "ready" and reloaded["restart_required"] is False
+
+
+def test_an_instance_dying_mid_stream_ends_its_session_with_an_error_and_lookup_says_interrupted(
+    tmp_path: Path,
+) -> None:
+    server = on_demand_server(tmp_path, token_seconds=0.05)
+    try:
+        secret = deploy(server, "llama")
+        auth = {"Authorization": f"Bearer {secret}"}
+        body = {
+            "model": "llama",
+            "messages": [{"role": "user", "content": LONG}],
+            "max_tokens": 400,
+            "stream": True,
+        }
+        url = server.base_url + "/v1/chat/completions"
+        headers = {**auth, "X-Conversation-Id": "dies::llama"}
+        with server.client.stream("POST", url, json=body, headers=headers) as r:
+            assert r.status_code == 200
+            chunks = r.iter_raw()
+            received = next(chunks)
+            os.kill(instance(server, "llama")["pid"], signal.SIGKILL)  # vLLM dies under the stream
+            with contextlib.suppress(httpx.HTTPError):
+                for chunk in chunks:
+                    received += chunk
+        assert b"upstream" in received.rsplit(b"data:", 1)[-1], received[-300:]
+        r = server.fetch(
+            "/v1/streams/lookup", "POST", json={"conversation_ids": ["dies"]}, token=None, headers=auth
+        )
+        (session,) = r.json()["sessions"]
+        assert session["is_done"] is True and session["interrupted"] is True, session
+        # A session that ends well is not interrupted.
+        eventually(lambda: states(server)["llama"] == "failed", timeout=REAP_CAP_S)  # its death is seen
+        assert chat(server, secret, "llama").status_code == 200  # loads it again
+        quick = {**body, "messages": [{"role": "user", "content": "hi"}]}
+        headers = {**auth, "X-Conversation-Id": "fine::llama"}
+        assert (
+            server.fetch("/v1/chat/completions", "POST", json=quick, token=None, headers=headers).status_code
+            == 200
+        )
+        r = server.fetch(
+            "/v1/streams/lookup", "POST", json={"conversation_ids": ["fine"]}, token=None, headers=auth
+        )
+        assert r.json()["sessions"][0]["interrupted"] is False
+    finally:
+        server.stop()

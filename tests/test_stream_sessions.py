@@ -324,6 +324,7 @@ def test_describe_reports_state_with_iso_times() -> None:
     assert described == {
         "conversation_id": "conv",
         "is_done": False,
+        "interrupted": False,
         "total_bytes": 3,
         "dropped_bytes": 0,
         "started_at": "2023-11-14T22:13:20.123Z",
@@ -599,6 +600,7 @@ def test_the_admin_view_names_owner_model_state_and_bytes() -> None:
         "conversation_id": "conv",
         "model": "org/model",
         "state": "live",
+        "interrupted": False,
         "total_bytes": 3,
         "held_bytes": 3,
         "dropped_bytes": 0,

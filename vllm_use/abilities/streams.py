@@ -43,6 +43,7 @@ class SessionOut(BaseModel):
     conversation_id: str
     model: str | None
     state: Literal["live", "done", "cancelled"]
+    interrupted: bool = Field(description="the upstream was cut under it (its instance stopped or died)")
     total_bytes: int
     held_bytes: int
     dropped_bytes: int

@@ -135,6 +135,8 @@ class StreamSession:
         self.completed_at: int | None = None
         self.total_bytes = 0
         self.dropped_bytes = 0
+        # The upstream was cut under it (its instance stopped or died): it ended with an error event.
+        self.interrupted = False
         # bytes [dropped_bytes, total_bytes) of the stream; an exact-size `bytes` once finished
         self._buf: bytearray | bytes = bytearray()
         self._done = False
@@ -278,6 +280,7 @@ class StreamSession:
         return {
             "conversation_id": self.conversation_id,
             "is_done": self._done,
+            "interrupted": self.interrupted,
             "total_bytes": self.total_bytes,
             "dropped_bytes": self.dropped_bytes,
             "started_at": iso(self.started_at),
@@ -291,6 +294,7 @@ class StreamSession:
             "conversation_id": self.conversation_id,
             "model": self.model,
             "state": self.state.value,
+            "interrupted": self.interrupted,
             "total_bytes": self.total_bytes,
             "held_bytes": self.held_bytes,
             "dropped_bytes": self.dropped_bytes,
