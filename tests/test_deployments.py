@@ -76,6 +76,7 @@ def test_a_deployment_is_saved_with_its_defaults_and_read_back(server: Server, m
         "last_used": None,
         "idle_deadline": None,
         "sleep_supported": False,  # no NVIDIA GPU here: idle_action sleep stops
+        "asleep": False,
     }
     assert {k: v for k, v in saved.items() if not k.endswith("_at") and k != "instance"} == {
         "name": "llama",
@@ -656,5 +657,55 @@ def test_an_instance_dying_mid_stream_ends_its_session_with_an_error_and_lookup_
             "/v1/streams/lookup", "POST", json={"conversation_ids": ["fine"]}, token=None, headers=auth
         )
         assert r.json()["sessions"][0]["interrupted"] is False
+    finally:
+        server.stop()
+
+
+def test_runtime_switch_saves_a_deployment_and_runs_it_alone(tmp_path: Path) -> None:
+    """runtime.* on top of deployments (docs/router.md, "runtime.* and deployments")."""
+    runtime_port = free_port()
+    server = on_demand_server(tmp_path, "--runtime-port", str(runtime_port), "--max-loaded", "4")
+    try:
+        secret = deploy(server, "other")  # an ordinary deployment, loaded on its own port
+        assert load(server, "other").json()["state"] == "ready"
+        gamma_id = register(server, "gamma")
+        switch = f"/api/runtime/switch?wait={START_TIMEOUT_S}"
+        r = server.fetch(switch, "POST", json={"model_id": gamma_id, "options": {"max_model_len": 512}})
+        assert r.status_code == 200, r.text
+        status = r.json()
+        assert (
+            status["state"] == "ready" and status["port"] == runtime_port and status["deployment"] == "gamma"
+        )
+        assert {i["name"]: i["state"] for i in status["instances"]} == {"gamma": "ready", "other": "unloaded"}
+        saved = server.fetch("/api/deployments/gamma").json()
+        assert saved["model_id"] == gamma_id and saved["options"] == {"max_model_len": 512}
+        assert saved["instance"]["port"] == runtime_port and saved["instance"]["pid"] == status["pid"]
+        assert chat(server, secret, "gamma").status_code == 200  # routed by name
+        # Without options the saved ones stay; the runtime restarts it (a switch to it).
+        r = server.fetch(switch, "POST", json={"model_id": gamma_id})
+        assert r.json()["state"] == "ready" and r.json()["options"]["max_model_len"] == 512, r.text
+        r = server.fetch(
+            f"/api/runtime/restart?wait={START_TIMEOUT_S}", "POST", json={"options": {"max_model_len": 256}}
+        )
+        assert r.status_code == 200 and r.json()["deployment"] == "gamma", r.text
+        assert server.fetch("/api/deployments/gamma").json()["options"] == {"max_model_len": 256}
+        # A name taken by a deployment of another model is a conflict, and nothing stops.
+        beta = register(server, "beta")
+        r = server.fetch(switch, "POST", json={"model_id": beta, "options": {"served_model_name": "other"}})
+        assert r.status_code == 409 and "other" in r.json()["error"]["message"], r.text
+        assert states(server)["gamma"] == "ready"
+        # Another switch takes the runtime: "gamma" is unloaded, an ordinary deployment from now.
+        r = server.fetch(switch, "POST", json={"model_id": beta})
+        assert r.json()["deployment"] == "beta" and r.json()["port"] == runtime_port, r.text
+        assert states(server) == {"gamma": "unloaded", "beta": "ready", "other": "unloaded"}
+        assert chat(server, secret, "gamma").status_code == 200  # autoloaded, on a port of its own
+        assert instance(server, "gamma")["port"] != runtime_port
+        # runtime.stop stops every vLLM.
+        r = server.fetch("/api/runtime/stop", "POST")
+        assert r.status_code == 200 and r.json()["state"] == "stopped", r.text
+        assert set(states(server).values()) == {"unloaded"}
+        # A request for the runtime's deployment starts it on the runtime again.
+        assert chat(server, secret, "beta").status_code == 200
+        assert server.fetch("/api/runtime").json()["state"] == "ready"
     finally:
         server.stop()

@@ -278,6 +278,10 @@ def test_delete_refuses_the_running_model_until_it_is_stopped(runtime_server: An
     assert r.status_code == 409
     assert (runtime_server.data_dir / "models" / "alpha").is_dir()
     runtime_server.fetch("/api/runtime/stop", "POST")
+    # runtime.switch saved a deployment of it (docs/router.md): that is deleted first, by name.
+    r = runtime_server.fetch(f"/api/models/{model_id}?files=true", "DELETE")
+    assert r.status_code == 409 and "alpha" in r.json()["error"]["message"], r.text
+    assert runtime_server.fetch("/api/deployments/alpha", "DELETE").status_code == 200
     assert runtime_server.fetch(f"/api/models/{model_id}?files=true", "DELETE").status_code == 200
 
 

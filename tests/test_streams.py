@@ -103,6 +103,7 @@ def test_lookup_returns_only_the_ids_asked_for_and_owned(gateway: Any) -> None:
         assert set(r.json()["sessions"][0]) == {
             "conversation_id",
             "is_done",
+            "interrupted",
             "total_bytes",
             "dropped_bytes",
             "started_at",

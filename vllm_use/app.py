@@ -89,8 +89,14 @@ def build_context(config: Config) -> AppContext:
     auth = Authenticator(db, token)
     lifecycle = Lifecycle()
     gpus = gpu_count()
+    runtime = Supervisor(config)
     instances = Instances(
-        config, lifecycle, max_loaded=config.max_loaded or max(gpus, 1), gpu_count=gpus, read_gpus=list_gpus
+        config,
+        lifecycle,
+        max_loaded=config.max_loaded or max(gpus, 1),
+        gpu_count=gpus,
+        read_gpus=list_gpus,
+        runtime=runtime,
     )
     try:
         instances.set_names(*db.run_sync(deployments.read_catalog, db, config.models_dir))
@@ -102,7 +108,7 @@ def build_context(config: Config) -> AppContext:
         auth=auth,
         registry=build_registry(),
         downloads=downloads,
-        runtime=Supervisor(config),
+        runtime=runtime,
         audit=AuditWriter(db, config.max_audit_records),
         upstream_pool=UpstreamPool(),
         streams=StreamRegistry(),

@@ -27,6 +27,7 @@ from vllm_use.deployments import store
 from vllm_use.deployments.records import (
     ALIASES_MAX,
     IDLE_TIMEOUT_MAX_S,
+    OWN_OPTIONS,
     RESERVED_NAMES,
     STOP_TIMEOUT_MAX_S,
     Deployment,
@@ -82,6 +83,7 @@ class InstanceOut(Result):
     waiting: int = Field(description="/v1 requests waiting for it to load or wake")
     last_used: str | None = Field(description="when its last request ended")
     idle_deadline: str | None = Field(description="when idle_action runs, if it stays idle")
+    asleep: bool = Field(description="state sleeping and done: its GPU memory given back (wake it now)")
     sleep_supported: bool = Field(
         description="vLLM's sleep mode works here (NVIDIA GPUs through NVML); else idle_action sleep stops"
     )
@@ -200,6 +202,42 @@ async def delete(call: Call, args: NameArgs) -> dict[str, Any]:
         call.app.instances.forget(args.name)
         await _refresh_names(call)
     return {"deleted": args.name}
+
+
+async def save_for_runtime(
+    call: Call, name: str, model_id: str, options: RuntimeOptions | None
+) -> dict[str, Any]:
+    """runtime.switch: the deployment `name` serving `model_id`, created, or with its options
+    replaced when `options` are given (without model, served_model_name and port, which the
+    deployment sets). A deployment of that name serving another model is a conflict. The caller
+    holds the lifecycle lock."""
+    current = await call.app.db.query(store.deployment, name)
+    if current is not None and current["model_id"] != model_id:
+        raise Conflict(
+            f"the name {name} is taken by deployment {name}, which serves model {current['model_id']}; "
+            "give another options.served_model_name"
+        )
+    data = (
+        {key: current[key] for key in Deployment.model_fields}
+        if current
+        else {"name": name, "model_id": model_id}
+    )
+    if options is not None or current is None:
+        kept = (options or RuntimeOptions()).model_dump(
+            mode="json", exclude_none=True, exclude=set(OWN_OPTIONS)
+        )
+        data["options"] = kept
+    try:
+        deployment = Deployment.model_validate_json(json.dumps(data))
+    except ValidationError as exc:
+        raise validation_error(exc, Deployment) from None
+    await _check(call, deployment)
+    if current is None:
+        saved = await call.app.db.query(store.insert, deployment)
+    else:
+        saved = await call.app.db.query(store.replace, deployment)
+    await _refresh_names(call)
+    return saved
 
 
 async def begin_load(app: AppContext, name: str, one_more: bool = False) -> Child:

@@ -39,7 +39,7 @@ from vllm_use.fields import ModelId
 from vllm_use.models import files, records
 from vllm_use.registry import Args, NoArgs, Registry, Result
 from vllm_use.runtime.options import NAME_PATTERN, RuntimeOptions, build_argv
-from vllm_use.runtime.supervisor import RuntimeState, Supervisor
+from vllm_use.runtime.supervisor import Child, RuntimeState, Supervisor
 from vllm_use.scopes import READ, RUNTIME_WRITE
 
 # The longest one request is held open (docs/runtime.md): enough for a script to block on a small
@@ -78,6 +78,13 @@ class LogsArgs(Args):
     tail: int | None = Field(default=None, ge=1, le=100_000)
 
 
+class InstanceBrief(Result):
+    name: str
+    state: str
+    port: int | None
+    pid: int | None
+
+
 class Status(Result):
     state: RuntimeState
     pid: int | None
@@ -95,6 +102,10 @@ class Status(Result):
     error: str | None
     last_lines: list[str]
     upstream: str = Field(description="where /v1 forwards: --upstream, else the runtime's port")
+    deployment: str | None = Field(
+        description="the deployment the runtime serves (runtime.switch saves one), else null"
+    )
+    instances: list[InstanceBrief] = Field(description="every deployment's instance, by name")
 
 
 class LogLines(Result):
@@ -102,7 +113,18 @@ class LogLines(Result):
 
 
 def _with_upstream(call: Call, status: dict[str, Any]) -> dict[str, Any]:
-    return {**status, "upstream": call.app.upstream_origin()}
+    """runtime.* answer with the runtime's status, where /v1 forwards, and every instance."""
+    instances = call.app.instances
+    every = [
+        {"name": name, **{key: instances.status(name)[key] for key in ("state", "port", "pid")}}
+        for name in instances.saved_names()
+    ]
+    return {
+        **status,
+        "upstream": call.app.upstream_origin(),
+        "deployment": instances.runtime_name,
+        "instances": every,
+    }
 
 
 def _bad(field: str, message: str) -> InvalidArguments:
@@ -213,25 +235,42 @@ async def start(call: Call, args: StartArgs) -> dict[str, Any]:
                 state=runtime.state.value,
             )
         model, real = await _direct_target(call, options.model)  # just before the spawn
+        call.app.instances.adopt(None)  # a path, not a deployment
         child = runtime.spawn(model, options, active_model_id=None, model_path=real)
     return _with_upstream(call, await runtime.wait_settled(child, args.wait))
 
 
 async def switch(call: Call, args: SwitchArgs) -> dict[str, Any]:
-    options = args.options or RuntimeOptions()
-    if options.model is not None:
+    """Save (or update) the model's deployment and run it alone (docs/router.md, "runtime.* and
+    deployments")."""
+    options = args.options
+    if options is not None and options.model is not None:
         raise _bad("options.model", "runtime.switch takes the model from the registry; leave it out")
-    runtime = call.app.runtime
     async with call.app.lifecycle.lock:
-        record, path = await ready_model_path(call, args.model_id)
-        if options.served_model_name is None and re.fullmatch(NAME_PATTERN, record.name):
-            options = options.model_copy(update={"served_model_name": record.name})
-        _check_argv(call, str(path), options)
-        _one_start_at_a_time(runtime)
-        await runtime.stop()
-        record, path = await ready_model_path(call, args.model_id)  # re-checked just before spawn
-        child = runtime.spawn(str(path), options, active_model_id=record.id, model_path=path)
-    return _with_upstream(call, await runtime.wait_settled(child, args.wait))
+        child = await _switch_locked(call, args.model_id, options)
+    return _with_upstream(call, await call.app.runtime.wait_settled(child, args.wait))
+
+
+async def _switch_locked(call: Call, model_id: str, options: RuntimeOptions | None) -> Child:
+    """runtime.switch and the restart of a deployment, under the lifecycle lock: the deployment
+    named as the runtime serves it (options.served_model_name, else the model's name) is saved, every
+    vLLM stops, and the runtime starts it on --runtime-port (options.port)."""
+    from vllm_use.abilities.deployments import save_for_runtime  # it imports this module
+
+    runtime, instances = call.app.runtime, call.app.instances
+    record, path = await ready_model_path(call, model_id)
+    name = (options.served_model_name if options else None) or record.name
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise _bad("options.served_model_name", f"the model's name {name!r} is no model name; give one")
+    spawned = (options or RuntimeOptions()).model_copy(update={"served_model_name": name})
+    _check_argv(call, str(path), spawned)
+    _one_start_at_a_time(runtime)
+    saved = await save_for_runtime(call, name, record.id, options)
+    await runtime.stop()
+    await instances.stop_all()  # it runs alone
+    instances.adopt(name)
+    record, path = await ready_model_path(call, model_id)  # re-checked just before spawn
+    return instances.spawn(saved, path, port=options.port if options else None)
 
 
 async def restart(call: Call, args: RestartArgs) -> dict[str, Any]:
@@ -240,6 +279,12 @@ async def restart(call: Call, args: RestartArgs) -> dict[str, Any]:
         current = runtime.child
         if current is None or (runtime.state is RuntimeState.STOPPED and current.model is None):
             raise Conflict("nothing to restart: start or switch first")
+        if call.app.instances.runtime_name is not None and current.active_model_id:
+            # A deployment: restarted as runtime.switch would (new options are saved on it).
+            if args.options is not None and args.options.model is not None:
+                raise _bad("options.model", "a registry model's path can't be changed; use runtime.switch")
+            child = await _switch_locked(call, current.active_model_id, args.options)
+            return _with_upstream(call, await runtime.wait_settled(child, args.wait))
         options = args.options or current.options
         if args.options is not None and current.active_model_id and options.model is not None:
             raise _bad("options.model", "a registry model's path can't be changed; use runtime.switch")
@@ -257,8 +302,11 @@ async def restart(call: Call, args: RestartArgs) -> dict[str, Any]:
 
 
 async def stop(call: Call, args: NoArgs) -> dict[str, Any]:
+    """Every vLLM stops: the runtime's and every deployment's instance."""
     async with call.app.lifecycle.lock:
-        return _with_upstream(call, await call.app.runtime.stop())
+        status = await call.app.runtime.stop()
+        await call.app.instances.stop_all()
+        return _with_upstream(call, status)
 
 
 def register(registry: Registry) -> None:
@@ -282,7 +330,8 @@ def register(registry: Registry) -> None:
     )(start)
     registry.method(
         "runtime.switch",
-        "Run a ready registered model, stopping whatever runs now. " + ANSWER,
+        "Run a ready registered model alone: its deployment (named options.served_model_name, else "
+        "the model's name) is saved or updated, every vLLM stops, and it starts on --runtime-port. " + ANSWER,
         SwitchArgs,
         Status,
         RUNTIME_WRITE,
@@ -297,8 +346,9 @@ def register(registry: Registry) -> None:
     )(restart)
     registry.method(
         "runtime.stop",
-        "Stop vLLM: SIGTERM to its process group, SIGKILL after a grace period; a start still "
-        "loading is killed at once (its waiters get a conflict).",
+        "Stop every vLLM (the runtime's and every deployment's instance): SIGTERM to each process "
+        "group, SIGKILL after a grace period; a start still loading is killed at once (its waiters "
+        "get a conflict).",
         NoArgs,
         Status,
         RUNTIME_WRITE,

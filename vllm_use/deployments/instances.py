@@ -107,6 +107,7 @@ class Instances:
         max_loaded: int = 1,
         gpu_count: int = 0,
         read_gpus: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        runtime: Supervisor | None = None,
     ) -> None:
         self.config = config
         self.lifecycle = lifecycle
@@ -131,6 +132,13 @@ class Instances:
         self._listeners: set[Callable[[str], None]] = set()
         self._turn = asyncio.Lock()  # requests that must start or wake an instance, in arrival order
         self._room = asyncio.Event()  # set when room may have appeared
+        # The runtime's own supervisor (runtime.*): after runtime.switch it is the instance of the
+        # deployment named `runtime_name` (docs/router.md, "runtime.* and deployments"), on
+        # --runtime-port, so the Runtime page, its log and its events follow that deployment.
+        self.runtime = runtime
+        self.runtime_name: str | None = None
+        if runtime is not None:
+            runtime.subscribe(self._on_runtime_state)
 
     def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call `listener(name)` when what `deployments.get` shows of `name` may have changed (its
@@ -177,6 +185,7 @@ class Instances:
             "last_used": iso(int(use.last_used * 1000)) if use.last_used else None,
             "idle_deadline": iso(int(use.idle_deadline * 1000)) if use.idle_deadline else None,
             "sleep_supported": self.sleep_supported,
+            "asleep": use.asleep and use.phase is None,  # `sleeping`, and its memory given back
         }
         if supervisor is None or supervisor.state is RuntimeState.STOPPED:
             empty = {"port": None, "pid": None, "pgid": None, "error": None, "last_lines": []}
@@ -332,9 +341,33 @@ class Instances:
 
     # --- changes (the caller holds the lifecycle lock) -----------------------------------------
 
-    def spawn(self, deployment: dict[str, Any], model_path: Path) -> Child:
-        """Start `deployment`'s instance on a free port of `--runtime-ports` (state `starting`).
-        The caller made room first (`make_room`)."""
+    def adopt(self, name: str | None) -> None:
+        """runtime.switch: the runtime's supervisor is `name`'s instance from now (None: no
+        deployment's). Both stopped by the caller (who holds the lock); the deployment it served
+        before is unloaded from now, and `name`'s own supervisor, if any, is dropped."""
+        assert self.runtime is not None and not self.runtime.state.live
+        before = self.runtime_name
+        if before is not None and self._supervisors.get(before) is self.runtime:
+            del self._supervisors[before]
+        if name is not None:
+            own = self._supervisors.get(name)
+            assert own is None or not own.state.live
+            self._supervisors[name] = self.runtime
+        self.runtime_name = name
+        for changed in {before, name} - {None}:
+            self._changed(changed)
+
+    async def stop_all(self) -> None:
+        """runtime.stop and runtime.switch: every instance stops (the caller holds the lock)."""
+        for name, supervisor in list(self._supervisors.items()):
+            if supervisor.state.live:
+                self._disarm(name)
+                await supervisor.stop(grace_s=self._grace(name))
+
+    def spawn(self, deployment: dict[str, Any], model_path: Path, port: int | None = None) -> Child:
+        """Start `deployment`'s instance (state `starting`) on a free port of `--runtime-ports`, or,
+        when the runtime's supervisor serves it, on `port` or --runtime-port. The caller made room
+        first (`make_room`)."""
         name = deployment["name"]
         supervisor = self._supervisors.get(name)
         if supervisor is None:
@@ -343,7 +376,11 @@ class Instances:
         if supervisor.state.live:
             raise Conflict(f"deployment {name} is {supervisor.state}", state=supervisor.state.value)
         saved = RuntimeOptions.model_validate_json(json.dumps(deployment["options"]))
-        options = saved.model_copy(update={"served_model_name": name, "port": self._free_port()})
+        if supervisor is self.runtime:
+            port = port or self.config.runtime_port
+        else:
+            port = self._free_port()
+        options = saved.model_copy(update={"served_model_name": name, "port": port})
         sleep_mode = self.sleep_supported and deployment["idle_action"] == "sleep"
         child = supervisor.spawn(
             str(model_path),
@@ -368,6 +405,8 @@ class Instances:
         """Drop a stopped instance (its deployment was deleted)."""
         supervisor = self._supervisors.get(name)
         if supervisor is not None and not supervisor.state.live:
+            if supervisor is self.runtime:
+                self.runtime_name = None
             del self._supervisors[name]
             self._disarm(name)
             self._use.pop(name, None)
@@ -469,6 +508,10 @@ class Instances:
         if not use.in_flight:
             self._arm(name)
         self._changed(name)
+
+    def _on_runtime_state(self, kind: str, status: dict[str, Any] | None) -> None:
+        if self.runtime_name is not None:
+            self._on_state(self.runtime_name, kind, status)
 
     def _on_state(self, name: str, kind: str, status: dict[str, Any] | None) -> None:
         if kind != "state" or status is None:
