@@ -14,77 +14,38 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.fakes import fake_vllm_bin
 from tests.support.deployments import (
+    FAKE_NVML,
+    GIB,
     START_TIMEOUT_S,
+    TOTAL,
+    add_deployment,
     alive,
     chat,
-    create,
+    gpu_server,
+    gpus_file,
+    held,
     instance,
     load,
-    register,
     states,
 )
-from tests.support.server import Server, eventually, free_port, start_server
+from tests.support.server import eventually, free_port, start_server
 from vllm_use.deployments.instances import SLEEP_CHECK_S, WAKE_TIMEOUT_S
 from vllm_use.runtime.supervisor import REAP_CAP_S, TERM_GRACE_S
-
-FAKE_NVML = Path(__file__).resolve().parent / "fakes" / "nvml"
-GIB = 2**30
-TOTAL = 80 * GIB
-
-
-def gpus_file(nvml: Path, count: int = 1, external: int = 0) -> None:
-    gpus = [
-        {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-fake-{i}", "total": TOTAL, "external": external}
-        for i in range(count)
-    ]
-    (nvml / "gpus.json").write_text(json.dumps({"driver": "560.35.03", "gpus": gpus}))
-
-
-def gpu_server(tmp_path: Path, *flags: str, external: int = 0, **knobs: object) -> Server:
-    """vllm-use on a machine with one 80 GiB GPU (the fake NVML), its instances the fake vLLM."""
-    nvml = tmp_path / "nvml"
-    nvml.mkdir()
-    gpus_file(nvml, external=external)
-    vllm = fake_vllm_bin(tmp_path / "bin", max_lifetime=300, nvml_dir=str(nvml), **knobs)
-    first = free_port()
-    return start_server(
-        tmp_path / "data",
-        "--vllm-bin",
-        str(vllm),
-        "--runtime-ports",
-        f"{first}-{first + 9}",
-        *flags,
-        env={"PYTHONPATH": str(FAKE_NVML), "FAKE_NVML_DIR": str(nvml)},
-    )
-
-
-def deploy(server: Server, name: str, share: float, **fields: Any) -> None:
-    model_id = register(server, name)
-    options = {"start_timeout_s": START_TIMEOUT_S, "gpu_memory_utilization": share}
-    r = create(server, {"name": name, "model_id": model_id, "options": options, **fields})
-    assert r.status_code == 201, r.text
-
-
-def held(server: Server, pid: int) -> int:
-    """The GPU memory NVML shows held by `pid` (gpu.list)."""
-    gpus = server.fetch("/api/gpus").json()["gpus"]
-    return sum(p["used_memory_bytes"] for gpu in gpus for p in gpu["processes"] if p["pid"] == pid)
 
 
 def test_the_memory_budget_holds_at_its_edge_and_nvml_must_show_the_memory_free(tmp_path: Path) -> None:
     server = gpu_server(tmp_path, "--max-loaded", "8")
     try:
         assert server.fetch("/api/gpus").json()["status"] == "available"
-        deploy(server, "a", 0.45, pinned=True)
-        deploy(server, "b", 0.5, pinned=True)
-        deploy(server, "c", 0.05)
-        deploy(server, "big", 0.96)
+        add_deployment(server, "a", 0.45, pinned=True)
+        add_deployment(server, "b", 0.5, pinned=True)
+        add_deployment(server, "c", 0.05)
+        add_deployment(server, "big", 0.96)
         # 0.45 + 0.5 = the budget (0.95): both load.
         assert load(server, "a").json()["state"] == "ready"
         assert load(server, "b").json()["state"] == "ready"
@@ -110,7 +71,7 @@ def test_a_request_waits_until_nvml_shows_the_memory_free(tmp_path: Path) -> Non
     but not the GPU. A /v1 request waits; when the memory is freed, it loads and is answered."""
     server = gpu_server(tmp_path, external=40 * GIB)
     try:
-        deploy(server, "a", 0.9)
+        add_deployment(server, "a", 0.9)
         r = server.fetch("/api/deployments/a/load", "POST")
         assert r.status_code == 503 and "NVML shows 40.0 GiB free" in r.text, r.text
         secret = server.create_key("inference")[1]
@@ -131,8 +92,8 @@ def test_a_start_that_fails_for_memory_evicts_one_more_and_is_tried_once_again(t
     passes its share): the request's load stops the idle instance and starts again, once."""
     server = gpu_server(tmp_path, "--max-loaded", "4", oom_beside_others=1)
     try:
-        deploy(server, "first", 0.3)
-        deploy(server, "second", 0.3)
+        add_deployment(server, "first", 0.3)
+        add_deployment(server, "second", 0.3)
         assert load(server, "first").json()["state"] == "ready"  # alone on the GPU: it starts
         secret = server.create_key("inference")[1]
         answer = chat(server, secret, "second")
@@ -143,7 +104,7 @@ def test_a_start_that_fails_for_memory_evicts_one_more_and_is_tried_once_again(t
         server.fetch("/api/deployments/first", "PATCH", json={"pinned": True})
         assert server.fetch("/api/deployments/second/unload", "POST").status_code == 200
         assert load(server, "first").json()["state"] == "ready"
-        deploy(server, "third", 0.3)
+        add_deployment(server, "third", 0.3)
         r = chat(server, secret, "third")
         assert r.status_code == 502 and "failed to load" in r.text, r.text
         assert "out of memory" in " ".join(instance(server, "third")["last_lines"])
@@ -159,8 +120,8 @@ def test_an_idle_instance_sleeps_gives_its_memory_back_and_a_request_wakes_it(tm
     records.mkdir()
     server = gpu_server(tmp_path, record=str(records / "start-{pid}.json"))
     try:
-        deploy(server, "nap", 0.5, idle_action="sleep", idle_timeout_s=1)
-        deploy(server, "awake", 0.4)
+        add_deployment(server, "nap", 0.5, idle_action="sleep", idle_timeout_s=1)
+        add_deployment(server, "awake", 0.4)
         secret = server.create_key("inference")[1]
         assert chat(server, secret, "nap").status_code == 200
         pid = instance(server, "nap")["pid"]
@@ -201,8 +162,8 @@ def test_an_idle_instance_sleeps_gives_its_memory_back_and_a_request_wakes_it(tm
 def test_sleep_and_wake_by_the_api_and_eviction_puts_a_sleeper_aside(tmp_path: Path) -> None:
     server = gpu_server(tmp_path, "--max-loaded", "1")
     try:
-        deploy(server, "nap", 0.5, idle_action="sleep")
-        deploy(server, "other", 0.5)
+        add_deployment(server, "nap", 0.5, idle_action="sleep")
+        add_deployment(server, "other", 0.5)
         assert load(server, "nap").json()["state"] == "ready"
         pid = instance(server, "nap")["pid"]
         r = server.fetch("/api/deployments/nap/sleep", "POST")
@@ -232,7 +193,7 @@ def test_a_sleep_that_keeps_the_memory_is_undone_by_a_stop(tmp_path: Path) -> No
     check's time the instance is stopped."""
     server = gpu_server(tmp_path, sleep_keeps_memory=1)
     try:
-        deploy(server, "nap", 0.5, idle_action="sleep")
+        add_deployment(server, "nap", 0.5, idle_action="sleep")
         assert load(server, "nap").json()["state"] == "ready"
         pid = instance(server, "nap")["pid"]
         wait = SLEEP_CHECK_S + 10
@@ -247,7 +208,7 @@ def test_a_sleep_that_keeps_the_memory_is_undone_by_a_stop(tmp_path: Path) -> No
 def test_a_failed_wake_stops_the_instance_and_starts_it_cold_once(tmp_path: Path) -> None:
     server = gpu_server(tmp_path, wake_fails=1)
     try:
-        deploy(server, "nap", 0.5, idle_action="sleep")
+        add_deployment(server, "nap", 0.5, idle_action="sleep")
         assert load(server, "nap").json()["state"] == "ready"
         pid = instance(server, "nap")["pid"]
         assert server.fetch(f"/api/deployments/nap/sleep?wait={SLEEP_CHECK_S:g}", "POST").json()["state"] == (
@@ -266,7 +227,7 @@ def test_a_failed_wake_stops_the_instance_and_starts_it_cold_once(tmp_path: Path
 def test_max_sleep_stops_a_sleeper(tmp_path: Path) -> None:
     server = gpu_server(tmp_path, "--max-sleep", "1")
     try:
-        deploy(server, "nap", 0.5, idle_action="sleep")
+        add_deployment(server, "nap", 0.5, idle_action="sleep")
         assert load(server, "nap").json()["state"] == "ready"
         pid = instance(server, "nap")["pid"]
         r = server.fetch(f"/api/deployments/nap/sleep?wait={SLEEP_CHECK_S:g}", "POST")
@@ -285,7 +246,7 @@ def test_without_nvidia_gpus_sleep_is_refused_and_idle_sleep_stops(tmp_path: Pat
         tmp_path / "data", "--vllm-bin", str(vllm), "--runtime-ports", f"{first}-{first + 9}"
     )
     try:
-        deploy(server, "nap", 0.5, idle_action="sleep")
+        add_deployment(server, "nap", 0.5, idle_action="sleep")
         assert load(server, "nap").json()["state"] == "ready"
         assert instance(server, "nap")["sleep_supported"] is False
         r = server.fetch(f"/api/deployments/nap/{verb}", "POST")
