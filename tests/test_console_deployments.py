@@ -20,6 +20,7 @@ from tests.support.server import free_port
 from tests.support.stack import Stack, console_stack
 
 LOAD_S = 2
+LONG_LINE = 3000
 START_TIMEOUT_MS = 30_000  # the fake is ready LOAD_S after its start; the bound only ends a hang
 BACKGROUND = {"light": "rgb(246, 247, 249)", "dark": "rgb(15, 18, 22)"}
 SURFACE = {"light": "rgb(255, 255, 255)", "dark": "rgb(23, 27, 33)"}
@@ -29,8 +30,11 @@ SURFACE = {"light": "rgb(255, 255, 255)", "dark": "rgb(23, 27, 33)"}
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     first = free_port()
     knobs = {"load_seconds": LOAD_S, "max_lifetime": 300}
+    # "talker" also prints lines of LONG_LINE bytes while it loads: its log must wrap them.
+    talker = {"talker": {"lines": 3, "line_bytes": LONG_LINE}}
     flags = ("--runtime-ports", f"{first}-{first + 9}")
-    with console_stack(tmp_path_factory.mktemp("console-deployments"), *flags, vllm_knobs=knobs) as running:
+    root = tmp_path_factory.mktemp("console-deployments")
+    with console_stack(root, *flags, vllm_knobs=knobs, vllm_by_name=talker) as running:
         for name in ("alpha", "beta"):
             directory = running.server.data_dir / "models" / name
             directory.mkdir(parents=True)
@@ -281,6 +285,46 @@ def test_sleep_and_wake_show_only_where_the_instance_supports_sleep(watched: Wat
     plain = card(page, "plain")  # an instance without sleep_supported: neither button
     expect(plain.get_by_role("button", name="Sleep", exact=True)).to_have_count(0)
     expect(plain.get_by_role("button", name="Wake", exact=True)).to_have_count(0)
+
+
+def test_a_cards_log_shows_its_instance_output_and_follows_its_events(watched: Watched, stack: Stack) -> None:
+    page = watched.page
+    page.set_viewport_size({"width": 390, "height": 844})
+    create(page, "talker")
+    talker = card(page, "talker")
+    expect(talker).to_have_attribute("data-state", "unloaded")
+    toggle = talker.get_by_role("button", name="Log", exact=True)
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-expanded", "true")
+    panel = talker.get_by_role("region", name="Log of talker")
+    expect(panel.get_by_text("No output yet", exact=False)).to_be_visible()  # never loaded
+
+    # Opened before the load: the events (starting, then ready) bring its lines, no Refresh clicked.
+    talker.get_by_role("button", name="Load", exact=True).click()
+    expect(talker).to_have_attribute("data-state", "ready", timeout=START_TIMEOUT_MS)
+    log = panel.get_by_label("vLLM log of talker")
+    expect(log).to_contain_text("Application startup complete")
+    expect(log).to_contain_text("FAKE_VLLM_LAST_LINE")  # one of the LONG_LINE-byte lines
+    # They wrap inside the box: neither the box nor the page is wider than the screen.
+    box = log.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the deployments page is {width} px wide at 390 px with a log open"
+
+    with page.expect_request(
+        lambda r: r.method == "GET" and "/api/deployments/talker/logs" in r.url
+    ) as asked:
+        panel.get_by_role("button", name="Refresh", exact=True).click()
+    assert "tail=" in asked.value.url
+    expect(log).to_contain_text("Application startup complete")
+
+    # Unloaded, it keeps its last start's lines; closed, it is hidden.
+    talker.get_by_role("button", name="Unload", exact=True).click()
+    expect(talker).to_have_attribute("data-state", "unloaded", timeout=START_TIMEOUT_MS)
+    expect(log).to_contain_text("Application startup complete")
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+    expect(panel).to_be_hidden()
 
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
