@@ -29,39 +29,10 @@ from tests.support.deployments import (
     register,
     states,
 )
+from tests.support.gpus import GIB, TOTAL, gpu_server, gpus_file, held, nvml_env
 from tests.support.server import Server, eventually, free_port, start_server
 from vllm_use.deployments.instances import SLEEP_CHECK_S, WAKE_TIMEOUT_S
 from vllm_use.runtime.supervisor import REAP_CAP_S, TERM_GRACE_S
-
-FAKE_NVML = Path(__file__).resolve().parent / "fakes" / "nvml"
-GIB = 2**30
-TOTAL = 80 * GIB
-
-
-def gpus_file(nvml: Path, count: int = 1, external: int = 0) -> None:
-    gpus = [
-        {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-fake-{i}", "total": TOTAL, "external": external}
-        for i in range(count)
-    ]
-    (nvml / "gpus.json").write_text(json.dumps({"driver": "560.35.03", "gpus": gpus}))
-
-
-def gpu_server(tmp_path: Path, *flags: str, external: int = 0, **knobs: object) -> Server:
-    """vllm-use on a machine with one 80 GiB GPU (the fake NVML), its instances the fake vLLM."""
-    nvml = tmp_path / "nvml"
-    nvml.mkdir()
-    gpus_file(nvml, external=external)
-    vllm = fake_vllm_bin(tmp_path / "bin", max_lifetime=300, nvml_dir=str(nvml), **knobs)
-    first = free_port()
-    return start_server(
-        tmp_path / "data",
-        "--vllm-bin",
-        str(vllm),
-        "--runtime-ports",
-        f"{first}-{first + 9}",
-        *flags,
-        env={"PYTHONPATH": str(FAKE_NVML), "FAKE_NVML_DIR": str(nvml)},
-    )
 
 
 def deploy(server: Server, name: str, share: float, **fields: Any) -> None:
@@ -69,12 +40,6 @@ def deploy(server: Server, name: str, share: float, **fields: Any) -> None:
     options = {"start_timeout_s": START_TIMEOUT_S, "gpu_memory_utilization": share}
     r = create(server, {"name": name, "model_id": model_id, "options": options, **fields})
     assert r.status_code == 201, r.text
-
-
-def held(server: Server, pid: int) -> int:
-    """The GPU memory NVML shows held by `pid` (gpu.list)."""
-    gpus = server.fetch("/api/gpus").json()["gpus"]
-    return sum(p["used_memory_bytes"] for gpu in gpus for p in gpu["processes"] if p["pid"] == pid)
 
 
 def test_the_memory_budget_holds_at_its_edge_and_nvml_must_show_the_memory_free(tmp_path: Path) -> None:
@@ -307,7 +272,7 @@ def test_the_gpu_sleep_check_tool_runs_against_the_fakes(tmp_path: Path, keeps_m
     model = tmp_path / "model"
     model.mkdir()
     tool = Path(__file__).resolve().parents[1] / "tools" / "gpu_sleep_check.py"
-    env = {**os.environ, "PYTHONPATH": str(FAKE_NVML), "FAKE_NVML_DIR": str(nvml)}
+    env = {**os.environ, **nvml_env(nvml)}
     done = subprocess.run(
         [
             sys.executable,
