@@ -93,6 +93,7 @@ ROUTES: tuple[Route, ...] = (
         status_by_state=(("starting", 202),),
     ),
     Route("POST", "/api/deployments/{name}/unload", "deployments.unload"),
+    Route("GET", "/api/deployments/{name}/logs", "deployments.logs", query=("tail",)),
     Route(
         "POST",
         "/api/deployments/{name}/sleep",

@@ -17,22 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import fake_vllm_bin
+from tests.fakes import FAKE_NVML, fake_vllm_bin
 from tests.support.deployments import (
-    FAKE_NVML,
-    GIB,
     START_TIMEOUT_S,
-    TOTAL,
     add_deployment,
     alive,
     chat,
-    gpu_server,
-    gpus_file,
-    held,
     instance,
     load,
     states,
 )
+from tests.support.gpus import GIB, TOTAL, gpu_server, gpus_file, held
 from tests.support.server import eventually, free_port, start_server
 from vllm_use.deployments.instances import SLEEP_CHECK_S, WAKE_TIMEOUT_S
 from vllm_use.runtime.supervisor import REAP_CAP_S, TERM_GRACE_S

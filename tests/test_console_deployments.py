@@ -1,7 +1,8 @@
 """The deployments page in a real Chromium (docs/console.md, docs/router.md): create a deployment from the
 form generated from deployments.create's schema, follow its instance live through
 `GET /api/deployments/events` (no reload, no polling) as it loads and unloads, edit and delete it; bad
-input shows the server's error by its field and saves nothing.
+input shows the server's error by its field and saves nothing; a card's Log shows its instance's
+output; Sleep and Wake act on a real instance where NVML shows GPUs (faked: tests/support/gpus.py).
 
 The fake vLLM loads for LOAD_S seconds here, so `starting` lasts long enough to be seen.
 """
@@ -9,17 +10,22 @@ The fake vLLM loads for LOAD_S seconds here, so `starting` lasts long enough to 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, Route, expect
+from playwright.sync_api import Browser, Locator, Page, expect
 
 from tests.support.browser import Watched, new_page, settled, sign_in
-from tests.support.server import free_port
+from tests.support.deployments import register
+from tests.support.gpus import TOTAL, gpu_server, held
+from tests.support.server import eventually, free_port
 from tests.support.stack import Stack, console_stack
+from vllm_use.deployments.instances import SLEEP_CHECK_S, WAKE_TIMEOUT_S
 
 LOAD_S = 2
+LONG_LINE = 3000
 START_TIMEOUT_MS = 30_000  # the fake is ready LOAD_S after its start; the bound only ends a hang
 BACKGROUND = {"light": "rgb(246, 247, 249)", "dark": "rgb(15, 18, 22)"}
 SURFACE = {"light": "rgb(255, 255, 255)", "dark": "rgb(23, 27, 33)"}
@@ -29,8 +35,11 @@ SURFACE = {"light": "rgb(255, 255, 255)", "dark": "rgb(23, 27, 33)"}
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     first = free_port()
     knobs = {"load_seconds": LOAD_S, "max_lifetime": 300}
+    # "talker" also prints lines of LONG_LINE bytes while it loads: its log must wrap them.
+    talker = {"talker": {"lines": 3, "line_bytes": LONG_LINE}}
     flags = ("--runtime-ports", f"{first}-{first + 9}")
-    with console_stack(tmp_path_factory.mktemp("console-deployments"), *flags, vllm_knobs=knobs) as running:
+    root = tmp_path_factory.mktemp("console-deployments")
+    with console_stack(root, *flags, vllm_knobs=knobs, vllm_by_name=talker) as running:
         for name in ("alpha", "beta"):
             directory = running.server.data_dir / "models" / name
             directory.mkdir(parents=True)
@@ -219,68 +228,99 @@ def test_edit_changes_the_saved_fields_and_a_loaded_one_says_restart_required(
     expect(page.get_by_text("No deployment yet")).to_be_visible()
 
 
-def test_sleep_and_wake_show_only_where_the_instance_supports_sleep(watched: Watched, stack: Stack) -> None:
-    """The server has no sleep yet (docs/router.md, "What comes next"): its answers are stood in for
-    here, a listing with one sleeping instance that supports sleep, and the answer to its wake."""
+def test_sleep_and_wake_act_on_the_instance_where_nvml_shows_gpus(
+    browser: Browser, watched: Watched, stack: Stack, tmp_path: Path
+) -> None:
+    """On a GPU machine (faked: tests/support/gpus.py, vLLM's sleep mode and NVML's memory check run
+    for real against the fakes), Sleep puts the instance to sleep and Wake wakes the same process;
+    on this machine as it is (no NVML), a deployment with idle_action sleep shows neither button."""
+    plain = watched.page
+    form = plain.get_by_role("region", name="Create a deployment")
+    form.get_by_label("Idle action", exact=True).select_option("sleep")
+    create(plain, "dozy-here")
+    here = card(plain, "dozy-here")
+    here.get_by_role("button", name="Load", exact=True).click()
+    expect(here).to_have_attribute("data-state", "ready", timeout=START_TIMEOUT_MS)
+    assert (
+        saved(stack)[0]["idle_action"] == "sleep" and saved(stack)[0]["instance"]["sleep_supported"] is False
+    )
+    expect(here.get_by_role("button", name="Sleep", exact=True)).to_have_count(0)
+    expect(here.get_by_role("button", name="Wake", exact=True)).to_have_count(0)
+
+    server = gpu_server(tmp_path)
+    try:
+        model_id = register(server, "alpha")
+        options = {"start_timeout_s": START_TIMEOUT_MS // 1000, "gpu_memory_utilization": 0.5}
+        body = {"name": "dozy", "model_id": model_id, "options": options, "idle_action": "sleep"}
+        r = server.fetch("/api/deployments", "POST", json=body)
+        assert r.status_code == 201, r.text
+        gpu = new_page(browser, server.base_url)
+        sign_in(gpu, server.admin_token or "", "/deployments")
+        page = gpu.page
+        dozy = card(page, "dozy")
+        dozy.get_by_role("button", name="Load", exact=True).click()
+        expect(dozy).to_have_attribute("data-state", "ready", timeout=START_TIMEOUT_MS)
+        pid = server.fetch("/api/deployments/dozy").json()["instance"]["pid"]
+        expect(dozy.get_by_role("button", name="Wake", exact=True)).to_be_hidden()
+
+        dozy.get_by_role("button", name="Sleep", exact=True).click()
+        expect(dozy).to_have_attribute("data-state", "sleeping")
+        expect(dozy.locator(".badge")).to_have_text("sleeping")
+        expect(dozy.get_by_role("button", name="Sleep", exact=True)).to_be_hidden()
+        # Asleep once vLLM says so and NVML shows its memory given back (the server logs it then).
+        eventually(lambda: "deployment dozy: asleep" in server.log(), timeout=SLEEP_CHECK_S + 5)
+        assert held(server, pid) < 0.1 * int(0.5 * TOTAL)
+
+        dozy.get_by_role("button", name="Wake", exact=True).click()
+        expect(dozy).to_have_attribute("data-state", "ready", timeout=WAKE_TIMEOUT_S * 1000)
+        expect(dozy.get_by_role("button", name="Wake", exact=True)).to_be_hidden()
+        expect(dozy.get_by_role("button", name="Sleep", exact=True)).to_be_visible()
+        woken = server.fetch("/api/deployments/dozy").json()["instance"]
+        assert woken["pid"] == pid and held(server, pid) == int(0.5 * TOTAL)  # the same process, awake
+        page.context.close()
+        gpu.assert_clean()
+    finally:
+        server.stop()
+
+
+def test_a_cards_log_shows_its_instance_output_and_follows_its_events(watched: Watched, stack: Stack) -> None:
     page = watched.page
-    dozy = {
-        "name": "dozy",
-        "model_id": "0" * 32,
-        "options": {},
-        "aliases": [],
-        "pinned": False,
-        "load_on_start": False,
-        "idle_timeout_s": 60,
-        "idle_action": "sleep",
-        "stop_timeout_s": 10,
-        "created_at": "2026-01-01T00:00:00.000Z",
-        "updated_at": "2026-01-01T00:00:00.000Z",
-        "instance": {
-            "state": "sleeping",
-            "sleep_supported": True,
-            "port": 8123,
-            "pid": 4242,
-            "pgid": 4242,
-            "error": None,
-            "last_lines": [],
-            "restart_required": False,
-            "in_flight": 0,
-            "last_used": None,
-            "idle_deadline": None,
-        },
-    }
-    woken: list[str] = []
+    page.set_viewport_size({"width": 390, "height": 844})
+    create(page, "talker")
+    talker = card(page, "talker")
+    expect(talker).to_have_attribute("data-state", "unloaded")
+    toggle = talker.get_by_role("button", name="Log", exact=True)
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-expanded", "true")
+    panel = talker.get_by_role("region", name="Log of talker")
+    expect(panel.get_by_text("No output yet", exact=False)).to_be_visible()  # never loaded
 
-    def listing(route: Route) -> None:
-        if route.request.method != "GET":
-            route.fallback()  # a create
-            return
-        answer = route.fetch()
-        body = answer.json()
-        route.fulfill(response=answer, json={"deployments": [*body["deployments"], dozy]})
+    # Opened before the load: the events (starting, then ready) bring its lines, no Refresh clicked.
+    talker.get_by_role("button", name="Load", exact=True).click()
+    expect(talker).to_have_attribute("data-state", "ready", timeout=START_TIMEOUT_MS)
+    log = panel.get_by_label("vLLM log of talker")
+    expect(log).to_contain_text("Application startup complete")
+    expect(log).to_contain_text("FAKE_VLLM_LAST_LINE")  # one of the LONG_LINE-byte lines
+    # They wrap inside the box: neither the box nor the page is wider than the screen.
+    box = log.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the deployments page is {width} px wide at 390 px with a log open"
 
-    def wake(route: Route) -> None:
-        woken.append(route.request.method)
-        route.fulfill(json={"name": "dozy", **dozy["instance"], "state": "waking"})
+    with page.expect_request(
+        lambda r: r.method == "GET" and "/api/deployments/talker/logs" in r.url
+    ) as asked:
+        panel.get_by_role("button", name="Refresh", exact=True).click()
+    assert "tail=" in asked.value.url
+    expect(log).to_contain_text("Application startup complete")
 
-    page.route("**/api/deployments", listing)
-    page.route("**/api/deployments/dozy/wake", wake)
-    create(page, "plain")
-    expect(card(page, "plain")).to_have_attribute("data-state", "unloaded")
-    page.reload()
-    settled(page)
-
-    asleep = card(page, "dozy")
-    expect(asleep).to_have_attribute("data-state", "sleeping")
-    expect(asleep.locator(".badge")).to_have_text("sleeping")
-    expect(asleep.get_by_role("button", name="Sleep", exact=True)).to_be_hidden()
-    asleep.get_by_role("button", name="Wake", exact=True).click()
-    expect(asleep).to_have_attribute("data-state", "waking")  # any state word is shown
-    expect(asleep.locator(".badge")).to_have_text("waking")
-    assert woken == ["POST"]
-    plain = card(page, "plain")  # an instance without sleep_supported: neither button
-    expect(plain.get_by_role("button", name="Sleep", exact=True)).to_have_count(0)
-    expect(plain.get_by_role("button", name="Wake", exact=True)).to_have_count(0)
+    # Unloaded, it keeps its last start's lines; closed, it is hidden.
+    talker.get_by_role("button", name="Unload", exact=True).click()
+    expect(talker).to_have_attribute("data-state", "unloaded", timeout=START_TIMEOUT_MS)
+    expect(log).to_contain_text("Application startup complete")
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+    expect(panel).to_be_hidden()
 
 
 @pytest.mark.parametrize("theme", ["light", "dark"])

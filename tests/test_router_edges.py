@@ -23,14 +23,13 @@ from tests.support.deployments import (
     add_deployment,
     alive,
     chat,
-    gpu_server,
-    held,
     instance,
     load,
     on_demand_server,
     states,
     streaming,
 )
+from tests.support.gpus import gpu_server, held
 from tests.support.server import ADMIN_TOKEN, Server, eventually
 from vllm_use.deployments.instances import SLEEP_CHECK_S, WAKE_TIMEOUT_S
 

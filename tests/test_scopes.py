@@ -51,6 +51,7 @@ EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
     "deployments.unload": ("admin.write", "mcp.runtime"),
     "deployments.sleep": ("admin.write", "mcp.runtime"),
     "deployments.wake": ("admin.write", "mcp.runtime"),
+    "deployments.logs": READ,
     "api_keys.list": ("admin.read", "mcp.admin"),
     "api_keys.create": ("admin.write", "mcp.admin"),
     "api_keys.enable": ("admin.write", "mcp.admin"),

@@ -4,7 +4,9 @@
   its FAKE_VLLM_* knobs into a wrapper script), for the runtime supervisor's tests;
 - `upstream.py`: an in-process vLLM HTTP server that records what it received, for the gateway's;
 - `shapes.py`: what vLLM 0.32 answers, the one home of the shapes both fakes of it serve;
-- `hub.py`: the Hugging Face Hub, for the real `hf download` CLI.
+- `hub.py`: the Hugging Face Hub, for the real `hf download` CLI;
+- `nvml/pynvml.py`: NVIDIA's NVML (`FAKE_NVML`: put that directory first on a server's PYTHONPATH),
+  its GPUs read from `$FAKE_NVML_DIR` (tests/support/gpus.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 FAKE_VLLM = Path(__file__).resolve().parent / "vllm.py"
+FAKE_NVML = Path(__file__).resolve().parent / "nvml"
 
 
 def _export(knob: str, value: object) -> str:

@@ -5,17 +5,12 @@ whose deployments run the fake vLLM, on a machine without GPUs or with one (the 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tests.fakes import fake_vllm_bin
 from tests.support.server import Server, free_port, start_server
-
-FAKE_NVML = Path(__file__).resolve().parents[1] / "fakes" / "nvml"
-GIB = 2**30
-TOTAL = 80 * GIB  # each fake GPU's memory
 
 START_TIMEOUT_S = 60  # the fake is healthy within a second; the bound only ends a hang
 
@@ -98,41 +93,6 @@ def add_deployment(server: Server, name: str, share: float | None = None, **fiel
         options["gpu_memory_utilization"] = share
     r = create(server, {"name": name, "model_id": model_id, "options": options, **fields})
     assert r.status_code == 201, r.text
-
-
-def gpus_file(nvml: Path, count: int = 1, external: int = 0) -> None:
-    """What the fake NVML in `nvml` shows: `count` GPUs of TOTAL bytes, `external` held on each by a
-    program outside vllm-use."""
-    gpus = [
-        {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-fake-{i}", "total": TOTAL, "external": external}
-        for i in range(count)
-    ]
-    (nvml / "gpus.json").write_text(json.dumps({"driver": "560.35.03", "gpus": gpus}))
-
-
-def gpu_server(tmp_path: Path, *flags: str, external: int = 0, **knobs: object) -> Server:
-    """vllm-use on a machine with one 80 GiB GPU (the fake NVML), its instances the fake vLLM with
-    `knobs` (`by_name=` included, see `fake_vllm_bin`)."""
-    nvml = tmp_path / "nvml"
-    nvml.mkdir()
-    gpus_file(nvml, external=external)
-    vllm = fake_vllm_bin(tmp_path / "bin", max_lifetime=300, nvml_dir=str(nvml), **knobs)
-    first = free_port()
-    return start_server(
-        tmp_path / "data",
-        "--vllm-bin",
-        str(vllm),
-        "--runtime-ports",
-        f"{first}-{first + 9}",
-        *flags,
-        env={"PYTHONPATH": str(FAKE_NVML), "FAKE_NVML_DIR": str(nvml)},
-    )
-
-
-def held(server: Server, pid: int) -> int:
-    """The GPU memory NVML shows held by `pid` (gpu.list)."""
-    gpus = server.fetch("/api/gpus").json()["gpus"]
-    return sum(p["used_memory_bytes"] for gpu in gpus for p in gpu["processes"] if p["pid"] == pid)
 
 
 def states(server: Server) -> dict[str, str]:

@@ -53,10 +53,19 @@ def publish(hub: FakeHub) -> None:
 
 
 @contextmanager
-def console_stack(root: Path, *flags: str, vllm_knobs: dict[str, object] | None = None) -> Iterator[Stack]:
+def console_stack(
+    root: Path,
+    *flags: str,
+    vllm_knobs: dict[str, object] | None = None,
+    vllm_by_name: dict[str, dict[str, object]] | None = None,
+) -> Iterator[Stack]:
     """Start the hub and the server under `root`; stop both (and the runtime) afterwards.
-    `vllm_knobs` are the fake vLLM's FAKE_VLLM_* knobs (tests/fakes/__init__.py `fake_vllm_bin`)."""
-    vllm = fake_vllm_bin(root / "bin", **vllm_knobs) if vllm_knobs else FAKE_VLLM
+    `vllm_knobs` are the fake vLLM's FAKE_VLLM_* knobs, `vllm_by_name` more for one served model name
+    (tests/fakes/__init__.py `fake_vllm_bin`)."""
+    if vllm_knobs or vllm_by_name:
+        vllm = fake_vllm_bin(root / "bin", by_name=vllm_by_name, **(vllm_knobs or {}))
+    else:
+        vllm = FAKE_VLLM
     with FakeHub() as hub:
         publish(hub)
         runtime_port = free_port()

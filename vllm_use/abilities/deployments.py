@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from vllm_use.abilities.models import load_model
-from vllm_use.abilities.runtime import Wait, ready_model_path
+from vllm_use.abilities.runtime import LogLines, LogsArgs, Wait, ready_model_path
 from vllm_use.context import AppContext, Call
 from vllm_use.deployments import store
 from vllm_use.deployments.records import (
@@ -118,6 +118,10 @@ class LoadArgs(NameArgs):
 
 class Loaded(InstanceOut):
     name: str
+
+
+class DeploymentLogsArgs(LogsArgs, NameArgs):
+    """The name, and `tail` bounded as runtime.logs bounds it."""
 
 
 def _with_instance(call: Call, deployment: dict[str, Any]) -> dict[str, Any]:
@@ -296,6 +300,14 @@ async def wake(call: Call, args: LoadArgs) -> dict[str, Any]:
     return {"name": args.name, **call.app.instances.status(args.name)}
 
 
+async def logs(call: Call, args: DeploymentLogsArgs) -> dict[str, Any]:
+    """vLLM's output of the deployment's instance, newest last: its current start's, or its last
+    one's once it stopped; none for a deployment never loaded since vllm-use started."""
+    await _saved(call, args.name)
+    supervisor = call.app.instances.supervisor(args.name)
+    return {"lines": supervisor.logs.lines(args.tail) if supervisor is not None else []}
+
+
 async def _check(call: Call, deployment: Deployment) -> None:
     """What the input model cannot know: the model is ready, the names are free, the options are
     allowed by the operator. Caller holds the lifecycle lock."""
@@ -361,6 +373,14 @@ def register(registry: Registry) -> None:
         Loaded,
         RUNTIME_WRITE,
     )(unload)
+    registry.method(
+        "deployments.logs",
+        "vLLM's output of a deployment's instance (bounded, newest last; its last start's once it "
+        "stopped; empty when it was never loaded).",
+        DeploymentLogsArgs,
+        LogLines,
+        READ,
+    )(logs)
     registry.method(
         "deployments.sleep",
         "Put a deployment's ready, idle instance to sleep (vLLM's sleep mode: its GPU memory is given "

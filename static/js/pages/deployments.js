@@ -1,7 +1,7 @@
 // Deployments (router mode, docs/router.md): named, saved ways to serve a registered model, each with
 // its vLLM instance. The list shows each deployment's live state; a form creates one, another edits
 // one; Load, Unload and Delete (confirmed) act on one, and Sleep and Wake where its instance says
-// it supports sleep (`instance.sleep_supported`).
+// it supports sleep (`instance.sleep_supported`). Log opens its instance's vLLM output.
 //
 // API: GET /api/deployments, GET /api/models (the ready models to choose from, and names for ids)
 // and GET /api/methods (the forms are generated from deployments.create's published input schema,
@@ -11,7 +11,9 @@
 // stream reconnects). POST /api/deployments (create), PATCH /api/deployments/{name} (edit: every
 // field, so what the form shows is what is saved), DELETE /api/deployments/{name},
 // POST /api/deployments/{name}/load (202, state starting: the events say how it ends),
-// …/unload, …/sleep, …/wake. A name is sent percent-encoded (org/model → org%2Fmodel).
+// …/unload, …/sleep, …/wake. GET /api/deployments/{name}/logs?tail= while a card's log is open: when
+// it opens, when its events show a change, and by its Refresh button (no polling).
+// A name is sent percent-encoded (org/model → org%2Fmodel).
 //
 // DOM hooks for tests: each deployment is <article class="deployment" data-name="…" data-state="…">,
 // named by its heading (the deployment's name).
@@ -23,6 +25,7 @@ import {
 } from "../ui.js";
 
 const RECONNECT_MS = 2000;
+const LOG_TAIL = 500; // lines of an instance's log shown
 const LOADABLE = new Set(["unloaded", "failed"]); // no live instance: Load starts one
 // Set by the deployment (docs/router.md): never in its options.
 const OWN_OPTIONS = ["model", "served_model_name", "port"];
@@ -186,19 +189,22 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
     sleep: h("button.button", { type: "button" }, "Sleep"),
     wake: h("button.button", { type: "button" }, "Wake"),
     edit: h("button.button", { type: "button", "aria-expanded": "false" }, "Edit"),
+    log: h("button.button", { type: "button", "aria-expanded": "false" }, "Log"),
     delete: h("button.button.danger", { type: "button" }, "Delete"),
   };
   const actionError = errorSlot();
   const editor = h("div.deployment-editor");
+  const path = (suffix = "") => `/deployments/${encodeURIComponent(d.name)}${suffix}`;
+  const log = instanceLog(initial.name, path, signal);
+  buttons.log.setAttribute("aria-controls", log.element.id);
   const el = h("article.card.deployment", { "aria-labelledby": titleId },
     h("div.deployment-head", title, flags),
     facts, note, failure,
     h("div.actions.deployment-actions", Object.values(buttons)),
-    actionError, editor);
+    actionError, log.element, editor);
   let failureShown = "";
   const self = { el, update, eventAt: 0 }; // eventAt: when an event last updated it (set by the page)
 
-  const path = (suffix = "") => `/deployments/${encodeURIComponent(d.name)}${suffix}`;
   const modelLabel = () => ctx.modelNames.get(d.model_id) || d.model_id;
 
   const draw = () => {
@@ -263,7 +269,7 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
     buttons.wake.textContent = busy === "wake" ? "Waking…" : "Wake";
     buttons.delete.textContent = busy === "delete" ? "Deleting…" : "Delete";
     for (const [name, button] of Object.entries(buttons)) {
-      if (name !== "edit") button.disabled = Boolean(busy) || (name === "unload" && state === "stopping");
+      if (name !== "edit" && name !== "log") button.disabled = Boolean(busy) || (name === "unload" && state === "stopping");
       button.toggleAttribute("aria-busy", busy === name);
     }
   };
@@ -334,6 +340,12 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
     });
   });
 
+  buttons.log.addEventListener("click", () => {
+    const open = buttons.log.getAttribute("aria-expanded") !== "true";
+    buttons.log.setAttribute("aria-expanded", String(open));
+    log.toggle(open);
+  });
+
   let editing = null;
   const closeEditor = () => {
     editing = null;
@@ -367,10 +379,79 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
   function update(next) {
     d = next;
     draw();
+    log.changed(d.instance);
   }
 
   draw();
   return self;
+}
+
+// The instance's vLLM log (deployments.logs), shown while open: fetched when it opens, when the
+// card's instance changes (its events), and by Refresh. One request at a time: a change meanwhile
+// asks once more when it ends, so a burst of events is at most two requests.
+function instanceLog(name, path, signal) {
+  serial += 1;
+  const pre = h("pre.log.deployment-log-lines", { "aria-label": `vLLM log of ${name}`, tabindex: "0", hidden: true });
+  const hint = h("p.hint", "Reading the log…");
+  const refresh = h("button.button", { type: "button" }, "Refresh");
+  const error = errorSlot();
+  const element = h(`section#deployment-log-${serial}.deployment-log`, { "aria-label": `Log of ${name}`, hidden: true },
+    h("div.deployment-log-head", h("h4", "vLLM log"), h("span.hint", `last ${LOG_TAIL} lines`), refresh),
+    hint, pre, error);
+  let open = false;
+  let reading = false;
+  let again = false;
+  let seen = null; // the instance, as JSON, when the log was last asked for
+
+  const show = (lines) => {
+    hint.hidden = lines.length > 0;
+    hint.textContent = "No output yet: vLLM's output appears here once this deployment loads.";
+    pre.hidden = !lines.length;
+    const text = lines.join("\n");
+    if (text === pre.textContent) return;
+    const following = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 24;
+    pre.textContent = text;
+    if (following) pre.scrollTop = pre.scrollHeight;
+  };
+
+  const read = async () => {
+    if (!open || signal.aborted) return;
+    if (reading) {
+      again = true;
+      return;
+    }
+    reading = true;
+    again = false;
+    refresh.toggleAttribute("aria-busy", true);
+    try {
+      const answer = await api("GET", path("/logs"), undefined, { query: { tail: LOG_TAIL }, signal });
+      show(answer.lines || []);
+      showError(error, null);
+    } catch (err) {
+      if (err.name === "AbortError" || err.status === 401) return;
+      showError(error, err);
+    } finally {
+      reading = false;
+      refresh.toggleAttribute("aria-busy", false);
+      if (again) read();
+    }
+  };
+
+  refresh.addEventListener("click", read);
+  return {
+    element,
+    toggle(on) {
+      open = on;
+      element.hidden = !on;
+      if (on) read();
+    },
+    changed(instance) {
+      const now = JSON.stringify(instance || {});
+      if (now === seen) return;
+      seen = now;
+      read();
+    },
+  };
 }
 
 // --- forms ---------------------------------------------------------------------------------------
