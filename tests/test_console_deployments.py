@@ -20,7 +20,7 @@ from playwright.sync_api import Browser, Locator, Page, expect
 from tests.support.browser import Watched, new_page, settled, sign_in
 from tests.support.deployments import register
 from tests.support.gpus import TOTAL, gpu_server, held
-from tests.support.server import eventually, free_port
+from tests.support.server import free_port
 from tests.support.stack import Stack, console_stack
 from vllm_use.deployments.instances import SLEEP_CHECK_S, WAKE_TIMEOUT_S
 
@@ -267,8 +267,11 @@ def test_sleep_and_wake_act_on_the_instance_where_nvml_shows_gpus(
         expect(dozy).to_have_attribute("data-state", "sleeping")
         expect(dozy.locator(".badge")).to_have_text("sleeping")
         expect(dozy.get_by_role("button", name="Sleep", exact=True)).to_be_hidden()
-        # Asleep once vLLM says so and NVML shows its memory given back (the server logs it then).
-        eventually(lambda: "deployment dozy: asleep" in server.log(), timeout=SLEEP_CHECK_S + 5)
+        # Wake appears once the sleep is done: vLLM says so and NVML shows its memory given back.
+        expect(dozy.get_by_role("button", name="Wake", exact=True)).to_be_visible(
+            timeout=SLEEP_CHECK_S * 1000
+        )
+        assert server.fetch("/api/deployments/dozy").json()["instance"]["asleep"] is True
         assert held(server, pid) < 0.1 * int(0.5 * TOTAL)
 
         dozy.get_by_role("button", name="Wake", exact=True).click()

@@ -265,7 +265,8 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
     buttons.unload.disabled = state === "stopping";
     buttons.sleep.hidden = !(sleepy && (state === "ready" || busy === "sleep"));
     buttons.sleep.textContent = busy === "sleep" ? "Putting to sleep…" : "Sleep";
-    buttons.wake.hidden = !(sleepy && (state === "sleeping" || busy === "wake"));
+    // Wake once the sleep is done (`asleep`): while it is still going to sleep a wake is refused.
+    buttons.wake.hidden = !(sleepy && ((state === "sleeping" && inst.asleep === true) || busy === "wake"));
     buttons.wake.textContent = busy === "wake" ? "Waking…" : "Wake";
     buttons.delete.textContent = busy === "delete" ? "Deleting…" : "Delete";
     for (const [name, button] of Object.entries(buttons)) {
