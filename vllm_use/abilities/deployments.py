@@ -24,6 +24,7 @@ from vllm_use.abilities.models import load_model
 from vllm_use.abilities.runtime import LogLines, LogsArgs, Wait, ready_model_path
 from vllm_use.context import AppContext, Call
 from vllm_use.deployments import store
+from vllm_use.deployments.instances import InstanceState
 from vllm_use.deployments.records import (
     ALIASES_MAX,
     IDLE_TIMEOUT_MAX_S,
@@ -70,7 +71,7 @@ class UpdateArgs(Args):
 
 
 class InstanceOut(Result):
-    state: str = Field(description="unloaded, starting, ready, sleeping, waking, stopping or failed")
+    state: InstanceState
     port: int | None
     pid: int | None = Field(description="vLLM's main process")
     pgid: int | None = Field(description="its process group: the reaper and everything vLLM started")

@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +46,38 @@ from vllm_use.runtime.supervisor import Child, RuntimeState, Supervisor
 
 log = logging.getLogger(__name__)
 
-UNLOADED = "unloaded"
-SLEEPING = "sleeping"  # going to sleep, or asleep: not routed to
-WAKING = "waking"
+
+class InstanceState(StrEnum):
+    """What a deployment's instance is doing (`deployments.get` → `instance.state`): its supervisor's
+    states (docs/runtime.md), `unloaded` where it has no child, and vLLM's sleep over a ready child.
+
+        unloaded, failed ──load──▶ starting ──/health 200 on a port of its own──▶ ready
+        starting ──exit, start timeout──▶ failed
+        ready ──sleep──▶ sleeping ──wake──▶ waking ──/is_sleeping false──▶ ready
+        ready, sleeping, waking ──unload, idle stop, eviction, --max-sleep, failed sleep──▶ stopping
+        stopping ──group gone──▶ unloaded
+
+    `sleeping` covers going to sleep and asleep (`asleep` in the status tells them apart); a request
+    is routed only to `ready`.
+    """
+
+    UNLOADED = "unloaded"
+    STARTING = "starting"
+    READY = "ready"
+    SLEEPING = "sleeping"
+    WAKING = "waking"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+UNLOADED, SLEEPING, WAKING = InstanceState.UNLOADED, InstanceState.SLEEPING, InstanceState.WAKING
 # An instance's state as `GET /v1/models` names it (llama-server's router words).
 _LISTED = {
-    RuntimeState.READY: "loaded",
-    RuntimeState.STARTING: "loading",
-    RuntimeState.FAILED: "failed",
-    SLEEPING: "sleeping",
-    WAKING: "loading",
+    InstanceState.READY: "loaded",
+    InstanceState.STARTING: "loading",
+    InstanceState.FAILED: "failed",
+    InstanceState.SLEEPING: "sleeping",
+    InstanceState.WAKING: "loading",
 }
 DEFAULT_GPU_SHARE = 0.9  # vLLM's --gpu-memory-utilization when the options leave it unset
 SLEEP_CHECK_S = 30.0  # after /sleep: /is_sleeping true and the memory below SLEPT_SHARE within this
@@ -197,7 +220,7 @@ class Instances:
             supervisor.state.live and saved is not None and self._spawned_as.get(name) != saved["updated_at"]
         )
         over = use.phase or (SLEEPING if use.asleep else None)  # vLLM's sleep, over a ready child
-        state = over if over and supervisor.state is RuntimeState.READY else status["state"]
+        state = InstanceState(over if over and supervisor.state is RuntimeState.READY else status["state"])
         return {**{key: status[key] for key in shown}, "state": state, "restart_required": changed, **usage}
 
     def saved_names(self) -> list[str]:
