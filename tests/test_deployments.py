@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import time
@@ -707,5 +708,21 @@ def test_runtime_switch_saves_a_deployment_and_runs_it_alone(tmp_path: Path) -> 
         # A request for the runtime's deployment starts it on the runtime again.
         assert chat(server, secret, "beta").status_code == 200
         assert server.fetch("/api/runtime").json()["state"] == "ready"
+    finally:
+        server.stop()
+
+
+def test_a_load_refused_for_good_is_the_requests_answer_at_once(tmp_path: Path) -> None:
+    """A load that cannot begin for a reason no wait cures (the model's directory is gone) answers
+    the request with that refusal (409), instead of waiting --load-wait-timeout for room."""
+    server = on_demand_server(tmp_path, "--load-wait-timeout", "120")
+    try:
+        secret = deploy(server, "llama")
+        shutil.rmtree(server.data_dir / "models" / "alpha")
+        started = time.monotonic()
+        r = chat(server, secret, "llama")
+        assert r.status_code == 409 and "no longer a real directory" in r.text, r.text
+        assert time.monotonic() - started < 120  # not the wait's end
+        assert states(server) == {"llama": "unloaded"}
     finally:
         server.stop()

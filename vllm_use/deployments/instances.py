@@ -477,7 +477,7 @@ class Instances:
             if use.phase == WAKING and use.woken is not None:
                 await asyncio.shield(use.woken)
             elif live and use.asleep and use.phase is None:
-                await self._in_turn(lambda: self.begin_wake(name))
+                await self._in_turn(lambda: self.begin_wake(name), lambda: not self._asleep(name))
             elif live and supervisor.state is RuntimeState.STARTING and supervisor.child is not None:
                 try:
                     await supervisor.wait_settled(supervisor.child, self.config.load_wait_timeout)
@@ -486,21 +486,31 @@ class Instances:
                         raise
                     retried = True
                     log.warning("deployment %s: its start failed for GPU memory; making more room", name)
-                    await self._in_turn(lambda: self._load(name, one_more=True))
+                    await self._in_turn(lambda: self._load(name, one_more=True), lambda: self._live(name))
             elif live:  # stopping, or going to sleep: look again when that is done
                 self._room.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._room.wait(), ROOM_RECHECK_S)
             else:
-                await self._in_turn(lambda: self._load(name))
+                await self._in_turn(lambda: self._load(name), lambda: self._live(name))
+
+    def _asleep(self, name: str) -> bool:
+        use = self._use.get(name)
+        return use is not None and use.asleep and use.phase is None
+
+    def _live(self, name: str) -> bool:
+        supervisor = self._supervisors.get(name)
+        return supervisor is not None and supervisor.state.live
 
     async def _load(self, name: str, *, one_more: bool = False) -> None:
         assert self.loader is not None
         await self.loader(name, one_more)
 
-    async def _in_turn(self, begin: Callable[[], Awaitable[Any]]) -> None:
+    async def _in_turn(self, begin: Callable[[], Awaitable[Any]], moved: Callable[[], bool]) -> None:
         """Begin a start or a wake in arrival order, waiting for room while there is none. Returns
-        once it began, or when someone else began it (Conflict); the caller looks again."""
+        once it began, or on a Conflict when the instance `moved` meanwhile (someone else began it,
+        or it stopped): the caller looks again. A Conflict that nothing explains (the model is no
+        longer ready, no free port, a share above the budget) is the request's answer."""
         async with self._turn:
             while True:
                 self._room.clear()
@@ -510,7 +520,9 @@ class Instances:
                 except NoRoom:
                     pass
                 except Conflict:
-                    return  # begun (or stopped) by someone else meanwhile
+                    if moved():
+                        return
+                    raise
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._room.wait(), ROOM_RECHECK_S)
 
