@@ -726,3 +726,25 @@ def test_a_load_refused_for_good_is_the_requests_answer_at_once(tmp_path: Path) 
         assert states(server) == {"llama": "unloaded"}
     finally:
         server.stop()
+
+
+def test_an_unknown_model_is_404_model_not_found_in_the_callers_shape(tmp_path: Path) -> None:
+    server = on_demand_server(tmp_path, "--model-aliases", "fast=llama")
+    try:
+        secret = deploy(server, "llama")
+        auth = {"Authorization": f"Bearer {secret}"}
+        r = chat(server, secret, "nope")
+        assert r.status_code == 404, r.text
+        assert (
+            r.json()["error"]["code"] == "model_not_found"
+            and "GET /v1/models" in r.json()["error"]["message"]
+        )
+        body = {"model": "nope", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+        r = server.fetch("/v1/messages", "POST", json=body, token=None, headers=auth)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+        assert states(server) == {"llama": "unloaded"}  # nothing loaded for it
+        # An alias of --model-aliases whose target is a deployment reaches that deployment.
+        r = chat(server, secret, "fast")
+        assert r.status_code == 200 and r.json()["model"] == "llama", r.text
+    finally:
+        server.stop()

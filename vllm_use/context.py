@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_use.config import Config
-from vllm_use.errors import ModelNotLoaded, UpstreamUnavailable
+from vllm_use.errors import ModelNotFound, ModelNotLoaded, UpstreamUnavailable
 from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import RuntimeState
 from vllm_use.scopes import Identity, Surface
@@ -61,10 +61,12 @@ class AppContext:
         Any other model: with an explicit --upstream, that origin and --upstream-api-key, as
         configured; otherwise only the runtime's supervised child in state `ready`, with its own key
         (docs/runtime.md): a port whose child is starting, failed or gone may already belong to
-        another process, so nothing is sent there. Raises `UpstreamUnavailable` (502) before any
-        connection is attempted.
+        another process, so nothing is sent there. Once deployments exist, a name that is none of
+        theirs is ModelNotFound (404) unless the runtime runs a path (runtime.start), whose names
+        only vLLM knows. Raises before any connection is attempted: `UpstreamUnavailable` (502)
+        when nothing runs.
         """
-        deployment = self.instances.names.get(model) if model is not None else None
+        deployment = self.instances.deployment_of(model)
         if deployment is not None:
             found = self.instances.target(deployment)
             if found is None:
@@ -76,6 +78,13 @@ class AppContext:
         if self.config.upstream_explicit:
             return self.config.upstream, self.config.upstream_api_key
         child = self.runtime.child
+        serves_a_path = self.instances.runtime_name is None  # runtime.start: names we don't know
+        if child is not None and self.runtime.state is RuntimeState.READY and serves_a_path:
+            return f"http://127.0.0.1:{child.port}", child.api_key
+        if model is not None and self.instances.names:  # router mode: the names are ours to know
+            raise ModelNotFound(
+                f"the model {model} does not exist: GET /v1/models lists the models served here"
+            )
         if child is None or self.runtime.state is not RuntimeState.READY:
             raise UpstreamUnavailable(
                 f"no model is running: start one with runtime.switch (the runtime is {self.runtime.state})"

@@ -7,6 +7,7 @@
     ├── Unauthenticated               unauthenticated        401    HTTP 401
     ├── PermissionDenied              permission_denied      403    "unknown tool" JSON-RPC error
     ├── NotFound                      not_found              404    isError result
+    │   └── ModelNotFound             model_not_found        404    (/v1: no deployment or running model has that name)
     ├── Conflict                      conflict               409    isError result
     │   └── ModelNotLoaded            model_not_loaded       409    (/v1 with --no-autoload: load it first)
     ├── PayloadTooLarge               payload_too_large      413    HTTP 413
@@ -73,6 +74,13 @@ class PermissionDenied(VllmUseError):
 class NotFound(VllmUseError):
     code = "not_found"
     http_status = 404
+
+
+class ModelNotFound(NotFound):
+    """A `/v1` request names a model that no deployment, alias or running model has (docs/router.md,
+    "Instances: load, unload, and /v1 by name")."""
+
+    code = "model_not_found"
 
 
 class MethodNotAllowed(VllmUseError):

@@ -195,6 +195,16 @@ class Instances:
 
     # --- views ---------------------------------------------------------------------------------
 
+    def deployment_of(self, model: str | None) -> str | None:
+        """The deployment a client's `model` names: a deployment's name or alias, or an alias of
+        --model-aliases whose target is one. One or two dict lookups (the gateway's hot path)."""
+        if model is None:
+            return None
+        found = self.names.get(model)
+        if found is None and (target := self.config.model_aliases.get(model)) is not None:
+            found = self.names.get(target)
+        return found
+
     def supervisor(self, name: str) -> Supervisor | None:
         return self._supervisors.get(name)
 
