@@ -41,7 +41,9 @@ export async function render(root, page) {
   const { signal } = page;
   const body = h("div.deployments", placeholder(8));
   root.append(pageHeader("Deployments",
-    "Named ways to serve a model: /v1 clients send the name (or an alias) as model, and it loads when asked for."), body);
+    "Named ways to serve a model: /v1 clients send the name (or an alias) as model, and it loads when asked for."),
+  h("p.page-aside", "Run one model alone, stopping the others: ", h("a", { href: "/runtime" }, "Runtime page"), "."),
+  body);
 
   const get = (path) => api("GET", path, undefined, { signal });
   let listed;
