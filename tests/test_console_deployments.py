@@ -348,3 +348,55 @@ def test_the_page_fits_390_px_in_both_themes(browser: Browser, stack: Stack, the
         watched.assert_clean()
     finally:
         delete_all(stack)
+
+
+def test_the_top_bar_counts_every_instance_and_the_runtimes_deployment_once(
+    watched: Watched, stack: Stack
+) -> None:
+    """The top bar's "vLLM: …" (static/js/status.js) follows the deployments' events and the runtime's:
+    a loaded deployment counts, a model that runtime.start runs from a path counts too (no deployment
+    shows it), and the deployment that runtime.switch runs as the runtime counts once, not twice."""
+    page = watched.page
+    bar = page.locator("#topbar-status")
+    try:
+        expect(bar).to_have_text("vLLM: none loaded")
+        create(page, "one")
+        one = card(page, "one")
+        one.get_by_role("button", name="Load", exact=True).click()
+        expect(bar).to_have_text("vLLM: 1 loading")
+        expect(one).to_have_attribute("data-state", "ready", timeout=START_TIMEOUT_MS)
+        expect(bar).to_have_text("vLLM: 1 loaded")
+
+        # A path run by runtime.start is no deployment: the runtime's events count it.
+        path = str(stack.server.data_dir / "models" / "beta")
+        wait = START_TIMEOUT_MS // 1000
+        r = stack.server.fetch(
+            f"/api/runtime/start?wait={wait}", "POST", json={"options": {"model": path}}, timeout=wait + 10
+        )
+        assert r.status_code == 200 and r.json()["state"] == "ready", r.text
+        expect(bar).to_have_text("vLLM: 2 loaded")
+
+        # runtime.switch, from the Runtime page (linked from this one): beta's deployment runs alone,
+        # as the runtime; both the runtime's events and the deployment's say it is ready.
+        page.get_by_role("link", name="Runtime page", exact=True).click()
+        expect(page.get_by_role("heading", name="Runtime", level=1)).to_be_visible()
+        page.get_by_label("Model", exact=True).select_option(label="beta")
+        page.get_by_role("button", name="Switch", exact=True).click()
+        expect(page.get_by_text("beta is ready.")).to_be_visible(timeout=START_TIMEOUT_MS)  # the toast
+        runtime = stack.server.fetch("/api/runtime").json()
+        assert runtime["state"] == "ready" and runtime["deployment"] == "beta", runtime
+        states = {d["name"]: d["instance"]["state"] for d in saved(stack)}
+        assert states == {"beta": "ready", "one": "unloaded"}, states
+        expect(bar).to_have_text("vLLM: 1 loaded")
+
+        # The bar links to the deployments page; unloading the runtime's deployment leaves none.
+        bar.get_by_role("link").click()
+        expect(page.get_by_role("heading", name="Deployments", level=1)).to_be_visible()
+        beta = card(page, "beta")
+        expect(beta).to_have_attribute("data-state", "ready")
+        beta.get_by_role("button", name="Unload", exact=True).click()
+        expect(beta).to_have_attribute("data-state", "unloaded", timeout=START_TIMEOUT_MS)
+        expect(bar).to_have_text("vLLM: none loaded")
+        assert stack.server.fetch("/api/runtime").json()["state"] == "stopped"
+    finally:
+        stack.server.fetch("/api/runtime/stop", "POST")

@@ -2,10 +2,11 @@
 `vllm` and the real `hf` on a fake hub (tests/support/stack.py).
 
 One operator's day, in order: sign in → register a Hugging Face model → download it with live
-progress → switch the runtime to it and see it ready (the start answers 202; the runtime's event
-stream brings `ready` and the log) → create an `inference` key and read its secret once → the key
-works on /v1/models with curl → disable it in the console → the same curl gets 401 → recent
-requests show the call that was let in and count the refused one. Then: bad input shows the
+progress → from the overview's "Start a model", through the deployments page to the Runtime page,
+switch the runtime to it and see it ready (the start answers 202; the runtime's event stream brings
+`ready` and the log; the top bar counts it once) → create an `inference` key and read its secret
+once → the key works on /v1/models with curl → disable it in the console → the same curl gets 401
+→ recent requests show the call that was let in and count the refused one. Then: bad input shows the
 server's error next to its field, and a screenshot of every page in both themes (tests/support/browser.py
 says where: `.cache/screenshots/` in a test run, `docs/screenshots/` under `make screenshots`).
 """
@@ -52,6 +53,13 @@ def watched(browser: Browser, stack: Stack) -> Iterator[Watched]:
 def nav(page: Page, name: str) -> None:
     page.get_by_role("navigation").get_by_role("link", name=name, exact=True).click()
     expect(page.get_by_role("heading", name=name, level=1)).to_be_visible()
+
+
+def to_runtime(page: Page) -> None:
+    """The Runtime page is not in the navigation: the deployments page links to it."""
+    nav(page, "Deployments")
+    page.get_by_role("link", name="Runtime page", exact=True).click()
+    expect(page.get_by_role("heading", name="Runtime", level=1)).to_be_visible()
 
 
 def curl_models(stack: Stack, secret: str) -> int:
@@ -110,14 +118,24 @@ def test_an_operators_day_from_sign_in_to_a_disabled_key(watched: Watched, stack
     assert any(0 < v < 100 for v in seen), f"no intermediate progress was shown: {sorted(seen)}"
     expect(page.get_by_text("succeeded", exact=True).first).to_be_visible()
 
+    # Nothing runs: the overview's "Start a model" leads to the deployments page, which links to the
+    # Runtime page, where one model runs alone.
+    nav(page, "Overview")
+    runtime_card = page.get_by_role("region", name="Runtime")
+    expect(runtime_card.locator("dd").filter(has_text="none yet")).to_have_count(1)  # no deployment
+    runtime_card.get_by_role("link", name="Start a model").click()
+    expect(page.get_by_role("heading", name="Deployments", level=1)).to_be_visible()
+    page.get_by_role("link", name="Runtime page", exact=True).click()
+    expect(page.get_by_role("heading", name="Runtime", level=1)).to_be_visible()
+
     # Switch the runtime to it: the start answers at once (202), the runtime's event stream says
     # when it is ready (the fake loads in 0.3 s; a busy machine may take longer).
-    nav(page, "Runtime")
     page.get_by_label("Model", exact=True).select_option(label=SLOW_REPO)
     page.get_by_role("button", name="Start", exact=True).click()
     expect(page.get_by_text(f"{SLOW_REPO} is ready.")).to_be_visible(timeout=60_000)  # the toast
     expect(page.locator("section.runtime-state")).to_have_attribute("data-state", "ready")
     expect(page.locator("pre.runtime-log")).to_contain_text("Uvicorn running on")  # the live log
+    expect(page.locator("#topbar-status")).to_have_text("vLLM: 1 loaded")  # its deployment, counted once
 
     # An inference key, its secret read once.
     nav(page, "API keys")
@@ -190,7 +208,7 @@ def test_runtime_options_come_from_the_schema_and_server_errors_sit_by_their_fie
     """Runs after the operator's day: a model is ready, so the button offers a switch with new options."""
     page = watched.page
     watched.expect_http_error(400)
-    nav(page, "Runtime")
+    to_runtime(page)
     page.get_by_text("Options", exact=True).click()
     for label in ("Max model len", "GPU memory utilization", "Dtype", "Trust remote code"):
         expect(page.get_by_label(label, exact=True)).to_be_visible()  # generated from the JSON Schema

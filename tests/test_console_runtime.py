@@ -1,5 +1,6 @@
 """The runtime page in a real Chromium while vLLM loads: a start answers 202 at once, the page follows
-the runtime's event stream (no polling) and shows "starting…", then how the start ended.
+the runtime's event stream (no polling) and shows "starting…", then how the start ended; the top bar
+counts the start once. The page is reached from the deployments page, not the navigation.
 
 The fake vLLM here loads for a minute (so "starting" lasts until the test acts) and refuses a model
 directory without config.json at once, like the real one (FAKE_VLLM_REQUIRE_CONFIG): `slow` loads,
@@ -63,8 +64,9 @@ def test_a_start_shows_starting_and_the_live_log_until_a_stop_cancels_it(
     start(page, "slow")
 
     expect(state).to_have_attribute("data-state", "starting")
-    topbar = page.locator("#topbar-status")  # the top bar follows the same events, without the log
-    expect(topbar).to_have_text("vLLM: starting")
+    # The top bar counts it once: the runtime's events and its deployment's (runtime.switch saved one).
+    topbar = page.locator("#topbar-status")
+    expect(topbar).to_have_text("vLLM: 1 loading")
     expect(page.get_by_role("button", name="Starting…")).to_be_disabled()
     expect(state.get_by_text("Loading for", exact=True)).to_be_visible()
     expect(state).to_contain_text("of at most 15 min 0 s")  # the default start timeout, 900 s
@@ -79,11 +81,12 @@ def test_a_start_shows_starting_and_the_live_log_until_a_stop_cancels_it(
     expect(state).to_have_attribute("data-state", "stopped")
     expect(page.locator("form.run-form").get_by_role("alert")).to_contain_text("The start was canceled.")
     expect(page.get_by_role("button", name="Start", exact=True)).to_be_enabled()
-    expect(topbar).to_have_text("vLLM: stopped")
+    expect(topbar).to_have_text("vLLM: none loaded")
     # Followed through the event streams: the page never asked for the log.
     sent: list[str] = watched.requests  # type: ignore[attr-defined]
     assert [r for r in sent if r.startswith("GET ") and r.endswith("/api/runtime/events")]
     assert [r for r in sent if r.startswith("GET ") and r.endswith("/api/runtime/events?log=false")]
+    assert [r for r in sent if r.startswith("GET ") and r.endswith("/api/deployments/events")]
     assert not [r for r in sent if "/api/runtime/logs" in r]
 
 
@@ -99,3 +102,19 @@ def test_a_failed_start_shows_the_failure_with_its_last_lines(watched: Watched) 
     )
     expect(page.locator("section.runtime-state")).to_have_attribute("data-state", "failed")
     expect(page.locator("form.run-form").get_by_role("alert")).to_contain_text("vLLM failed to start")
+    expect(page.locator("#topbar-status")).to_have_text("vLLM: 1 failed")  # its deployment's, the same vLLM
+
+
+def test_the_page_is_reached_from_the_deployments_page_and_links_back(watched: Watched) -> None:
+    """Not in the navigation (Deployments took its place, and is marked while it is shown)."""
+    page = watched.page
+    navigation = page.get_by_role("navigation")
+    expect(navigation.get_by_role("link", name="Runtime", exact=True)).to_have_count(0)
+    deployments = navigation.get_by_role("link", name="Deployments", exact=True)
+    expect(deployments).to_have_attribute("aria-current", "true")
+    page.get_by_role("link", name="Deployments page", exact=True).click()
+    expect(page.get_by_role("heading", name="Deployments", level=1)).to_be_visible()
+    expect(deployments).to_have_attribute("aria-current", "page")
+    page.get_by_role("link", name="Runtime page", exact=True).click()
+    expect(page.get_by_role("heading", name="Runtime", level=1)).to_be_visible()
+    assert page.url.endswith("/runtime")

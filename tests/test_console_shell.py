@@ -18,8 +18,8 @@ PAGES = [
     "/",
     "/models",
     "/downloads",
-    "/runtime",
     "/deployments",
+    "/runtime",  # not in the navigation, linked from the deployments page
     "/keys",
     "/requests",
     "/settings",
@@ -170,6 +170,32 @@ def test_every_page_fits_360_px_and_the_menu_opens_from_the_keyboard(browser: Br
     expect(menu).to_have_attribute("aria-expanded", "false")
     page.context.close()
     watched.assert_clean()
+
+
+NAVIGATION = [
+    "Overview",
+    "Models",
+    "Downloads",
+    "Deployments",
+    "Chat",
+    "API keys",
+    "Requests",
+    "Settings",
+    "MCP",
+]
+
+
+def test_the_navigation_lists_deployments_where_the_runtime_was(watched: Watched, stack: Stack) -> None:
+    sign_in(watched, stack.server.admin_token or "", "/deployments")
+    links = watched.page.get_by_role("navigation").get_by_role("link")
+    expect(links).to_have_text(NAVIGATION)
+    expect(links.filter(has_text="Deployments")).to_have_attribute("aria-current", "page")
+    # The top bar summarises every vLLM (none here) and leads to the deployments page.
+    watched.page.get_by_role("link", name="Overview", exact=True).click()
+    status = watched.page.locator("#topbar-status").get_by_role("link")
+    expect(status).to_have_text("vLLM: none loaded")
+    status.click()
+    expect(watched.page.get_by_role("heading", name="Deployments", level=1)).to_be_visible()
 
 
 def test_an_unknown_client_route_says_so(watched: Watched, stack: Stack) -> None:

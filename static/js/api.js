@@ -63,10 +63,11 @@ export async function api(method, path, body = undefined, { query, signal } = {}
   }
 }
 
-// Server-sent events from /api (downloads, runtime). EventSource cannot send headers, so this
-// reads the stream with fetch; `onEvent(type, data)` gets each event with data, its data parsed as
+// Server-sent events from /api (downloads, runtime, deployments). EventSource cannot send headers,
+// so this reads the stream with fetch; `onOpen()` runs once the server has answered (it sends its
+// headers before any event), `onEvent(type, data)` gets each event with data, its data parsed as
 // JSON (the text when it is not JSON). Resolves when the server ends the stream.
-export async function events(path, onEvent, { signal } = {}) {
+export async function events(path, onEvent, { signal, onOpen } = {}) {
   const response = await send(`/api${path}`, {
     credential: credential(), accept: "text/event-stream", signal,
     failure: (answer) => {
@@ -74,6 +75,7 @@ export async function events(path, onEvent, { signal } = {}) {
       return new ApiError(answer.status, `http_${answer.status}`, `The event stream answered ${answer.status}.`);
     },
   });
+  if (onOpen) onOpen();
   await readEvents(response, ({ type, data }) => {
     if (data === null) return;
     let value;

@@ -2,19 +2,22 @@
 //
 // Each page is a module in js/pages/ exporting `render(root, page)`: it fills `root` and may
 // push functions onto `page.cleanup` (timers, event streams) and pass `page.signal` to fetches;
-// both are run/aborted when the user leaves the page. Routes are the table below.
+// both are run/aborted when the user leaves the page. Routes are the table below; a route with a
+// `parent` is not in the navigation, which marks its parent while it is shown. The top bar's
+// "vLLM: …" is status.js's, followed while signed in.
 
-import { events } from "./api.js";
 import { credential, forget } from "./session.js";
+import { followStatus, stopStatus } from "./status.js";
 import { initTheme } from "./theme.js";
-import { clear, h, humanError, sleep } from "./ui.js";
+import { clear, h, humanError } from "./ui.js";
 
 const ROUTES = [
   { path: "/", title: "Overview", module: "./pages/overview.js" },
   { path: "/models", title: "Models", module: "./pages/models.js" },
   { path: "/downloads", title: "Downloads", module: "./pages/downloads.js" },
-  { path: "/runtime", title: "Runtime", module: "./pages/runtime.js" },
   { path: "/deployments", title: "Deployments", module: "./pages/deployments.js" },
+  // One model alone (runtime.switch, or runtime.start of a path): linked from the deployments page.
+  { path: "/runtime", title: "Runtime", module: "./pages/runtime.js", parent: "/deployments" },
   { path: "/chat", title: "Chat", module: "./pages/chat.js" },
   { path: "/keys", title: "API keys", module: "./pages/keys.js" },
   { path: "/requests", title: "Requests", module: "./pages/requests.js" },
@@ -36,12 +39,15 @@ function routeFor(pathname) {
 }
 
 function buildNav() {
-  clear(nav, h("ul", ROUTES.map((r) => h("li", h("a", { href: r.path, "data-route": r.path }, r.title)))));
+  const shown = ROUTES.filter((r) => !r.parent);
+  clear(nav, h("ul", shown.map((r) => h("li", h("a", { href: r.path, "data-route": r.path }, r.title)))));
 }
 
-function markNav(path) {
+// The route's own link is the current page; a route without one (the runtime) marks its parent's.
+function markNav(route) {
   for (const link of nav.querySelectorAll("a")) {
-    if (link.dataset.route === path) link.setAttribute("aria-current", "page");
+    if (route && link.dataset.route === route.path) link.setAttribute("aria-current", "page");
+    else if (route && link.dataset.route === route.parent) link.setAttribute("aria-current", "true");
     else link.removeAttribute("aria-current");
   }
 }
@@ -65,7 +71,7 @@ export async function show(target, { replace = false, push = true } = {}) {
     history[replace ? "replaceState" : "pushState"]({}, "", wanted);
   }
   document.title = route ? `${route.title} · vllm-use` : "Not found · vllm-use";
-  markNav(route && route.path);
+  markNav(route);
   closeMenu();
   const controller = new AbortController();
   const page = { cleanup: [], controller, signal: controller.signal, reason: signinReason };
@@ -140,47 +146,6 @@ window.addEventListener("vllm-use:signed-in", () => {
   show(known ? wanted : "/", { replace: true });
   followStatus();
 });
-
-// The top bar's "vLLM: <state>" follows GET /api/runtime/events while signed in: its `state` events
-// (the first one is the state now); the log lines are the runtime page's. After the stream fails or
-// ends (the server stopping) it reconnects STATUS_RECONNECT_MS later; a 401 (the sign-in page takes
-// over) or 403 (this credential may not read the runtime) ends it until the next sign-in.
-const STATUS_RECONNECT_MS = 2000;
-let statusFeed = null; // the AbortController of the subscription running now
-
-function showStatus(state) {
-  const slot = document.getElementById("topbar-status");
-  slot.textContent = state ? `vLLM: ${state}` : "";
-  if (state) slot.dataset.state = state;
-  else delete slot.dataset.state;
-}
-
-async function followStatus() {
-  if (statusFeed || !credential()) return;
-  const feed = new AbortController();
-  statusFeed = feed;
-  const { signal } = feed;
-  while (!signal.aborted) {
-    try {
-      await events("/runtime/events?log=false", (type, data) => {
-        if (type === "state" && data && data.status) showStatus(data.status.state);
-      }, { signal });
-    } catch (error) {
-      if (signal.aborted || error.name === "AbortError") break;
-      if (error.status === 401 || error.status === 403) break;
-    }
-    if (signal.aborted) break;
-    showStatus(""); // unknown until the stream is back
-    await sleep(STATUS_RECONNECT_MS, signal);
-  }
-  showStatus("");
-  if (statusFeed === feed) statusFeed = null;
-}
-
-function stopStatus() {
-  if (statusFeed) statusFeed.abort();
-  statusFeed = null;
-}
 
 initTheme();
 buildNav();

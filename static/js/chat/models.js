@@ -19,7 +19,7 @@
 import { errorSlot, h, humanError, showError } from "../ui.js";
 import { v1 } from "./stream.js";
 
-export const NO_MODEL = "No model is running — start one on the Runtime page.";
+export const NO_MODEL = "No model is running — create or load one on the Deployments page.";
 
 // A deployment's `status.value` in /v1/models (docs/router.md) → the words the picker shows.
 // Models of the runtime (or --upstream) have no status and show their name alone.

@@ -45,7 +45,7 @@ async function failure(response) {
   } catch (_) { /* the body could not be read: the status says enough */ }
   let prefix = "";
   if (response.status === 401) prefix = "The inference key was refused";
-  else if (response.status === 502 && !message) prefix = "No model is answering (start one on the Runtime page)";
+  else if (response.status === 502 && !message) prefix = "No model is answering (load one on the Deployments page)";
   else if (response.status === 404 && !message) prefix = "Not found";
   const text = [prefix, message].filter(Boolean).join(": ") || `The gateway answered ${response.status}.`;
   const retry = Number.parseInt(response.headers.get("Retry-After") || "", 10);

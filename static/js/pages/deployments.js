@@ -1,7 +1,9 @@
 // Deployments (router mode, docs/router.md): named, saved ways to serve a registered model, each with
 // its vLLM instance. The list shows each deployment's live state; a form creates one, another edits
 // one; Load, Unload and Delete (confirmed) act on one, and Sleep and Wake where its instance says
-// it supports sleep (`instance.sleep_supported`). Log opens its instance's vLLM output.
+// it supports sleep (`instance.sleep_supported`). Log opens its instance's vLLM output. The forms
+// are in ./deployment-forms.js, the log panel in ./deployment-log.js. A line at the top links to the
+// Runtime page (/runtime), which runs one model alone.
 //
 // API: GET /api/deployments, GET /api/models (the ready models to choose from, and names for ids)
 // and GET /api/methods (the forms are generated from deployments.create's published input schema,
@@ -18,19 +20,15 @@
 // DOM hooks for tests: each deployment is <article class="deployment" data-name="…" data-state="…">,
 // named by its heading (the deployment's name).
 import { api, events } from "../api.js";
-import { readableName, resolveSchema, schemaForm } from "../schema-form.js";
 import {
-  badge, clear, confirmDialog, empty, errorSlot, field, formatDuration, formatTime, h, humanError, pageHeader,
+  badge, clear, confirmDialog, empty, errorSlot, formatDuration, formatTime, h, humanError, pageHeader,
   placeholder, showError, sleep, toast,
 } from "../ui.js";
+import { createForm, editForm, formSchemas } from "./deployment-forms.js";
+import { instanceLog } from "./deployment-log.js";
 
 const RECONNECT_MS = 2000;
-const LOG_TAIL = 500; // lines of an instance's log shown
 const LOADABLE = new Set(["unloaded", "failed"]); // no live instance: Load starts one
-// Set by the deployment (docs/router.md): never in its options.
-const OWN_OPTIONS = ["model", "served_model_name", "port"];
-// Fields with a control of their own on this page, not from the generated form.
-const OWN_FIELDS = ["name", "model_id", "options"];
 const NOTES = {
   starting: "vLLM is loading the model; this can take minutes. Unload cancels it.",
   stopping: "The instance is stopping.",
@@ -43,7 +41,9 @@ export async function render(root, page) {
   const { signal } = page;
   const body = h("div.deployments", placeholder(8));
   root.append(pageHeader("Deployments",
-    "Named ways to serve a model: /v1 clients send the name (or an alias) as model, and it loads when asked for."), body);
+    "Named ways to serve a model: /v1 clients send the name (or an alias) as model, and it loads when asked for."),
+  h("p.page-aside", "Run one model alone, stopping the others: ", h("a", { href: "/runtime" }, "Runtime page"), "."),
+  body);
 
   const get = (path) => api("GET", path, undefined, { signal });
   let listed;
@@ -385,279 +385,4 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
 
   draw();
   return self;
-}
-
-// The instance's vLLM log (deployments.logs), shown while open: fetched when it opens, when the
-// card's instance changes (its events), and by Refresh. One request at a time: a change meanwhile
-// asks once more when it ends, so a burst of events is at most two requests.
-function instanceLog(name, path, signal) {
-  serial += 1;
-  const pre = h("pre.log.deployment-log-lines", { "aria-label": `vLLM log of ${name}`, tabindex: "0", hidden: true });
-  const hint = h("p.hint", "Reading the log…");
-  const refresh = h("button.button", { type: "button" }, "Refresh");
-  const error = errorSlot();
-  const element = h(`section#deployment-log-${serial}.deployment-log`, { "aria-label": `Log of ${name}`, hidden: true },
-    h("div.deployment-log-head", h("h4", "vLLM log"), h("span.hint", `last ${LOG_TAIL} lines`), refresh),
-    hint, pre, error);
-  let open = false;
-  let reading = false;
-  let again = false;
-  let seen = null; // the instance, as JSON, when the log was last asked for
-
-  const show = (lines) => {
-    hint.hidden = lines.length > 0;
-    hint.textContent = "No output yet: vLLM's output appears here once this deployment loads.";
-    pre.hidden = !lines.length;
-    const text = lines.join("\n");
-    if (text === pre.textContent) return;
-    const following = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 24;
-    pre.textContent = text;
-    if (following) pre.scrollTop = pre.scrollHeight;
-  };
-
-  const read = async () => {
-    if (!open || signal.aborted) return;
-    if (reading) {
-      again = true;
-      return;
-    }
-    reading = true;
-    again = false;
-    refresh.toggleAttribute("aria-busy", true);
-    try {
-      const answer = await api("GET", path("/logs"), undefined, { query: { tail: LOG_TAIL }, signal });
-      show(answer.lines || []);
-      showError(error, null);
-    } catch (err) {
-      if (err.name === "AbortError" || err.status === 401) return;
-      showError(error, err);
-    } finally {
-      reading = false;
-      refresh.toggleAttribute("aria-busy", false);
-      if (again) read();
-    }
-  };
-
-  refresh.addEventListener("click", read);
-  return {
-    element,
-    toggle(on) {
-      open = on;
-      element.hidden = !on;
-      if (on) read();
-    },
-    changed(instance) {
-      const now = JSON.stringify(instance || {});
-      if (now === seen) return;
-      seen = now;
-      read();
-    },
-  };
-}
-
-// --- forms ---------------------------------------------------------------------------------------
-
-// The input schemas of deployments.create and .update, from GET /api/methods; null when missing.
-function formSchemas(methods) {
-  if (!methods || methods.error) return { error: methods && methods.error ? humanError(methods.error) : "no methods" };
-  const input = (name) => {
-    const method = (methods.methods || []).find((m) => m.name === name);
-    return method && method.input_schema && method.input_schema.properties ? method.input_schema : null;
-  };
-  const create = input("deployments.create");
-  const update = input("deployments.update");
-  if (!create || !create.properties.options) return { error: "deployments.create publishes no input schema" };
-  const options = resolveSchema(create.properties.options, create).schema;
-  return { create, update, options: options.properties ? options : null };
-}
-
-// The fields of a deployment form: the deployment's own (generated from deployments.create's schema,
-// less `omit`, name first), a model select, and its runtime options (generated) under "Options".
-function deploymentFields(ctx, { omit, currentModel = null, note }) {
-  const { create } = ctx.schemas;
-  const { name, ...rest } = create.properties;
-  const props = name && !omit.includes("name") ? { name, ...rest } : rest;
-  const own = schemaForm({ ...create, properties: props }, { root: create, omit: [...omit, "model_id", "options"] });
-  const options = ctx.schemas.options
-    ? schemaForm(ctx.schemas.options, { root: create, omit: OWN_OPTIONS }) : null;
-
-  const choices = [...ctx.ready];
-  if (currentModel && !choices.some((m) => m.id === currentModel)) {
-    choices.unshift({ id: currentModel, name: `${ctx.modelNames.get(currentModel) || currentModel} (not ready)` });
-  }
-  const select = h("select", { name: "model_id" }, choices.map((m) => h("option", { value: m.id }, m.name)));
-  if (currentModel) select.value = currentModel;
-  const modelField = field("Model", select, "A registered model whose files are ready.");
-  // The model right after the name (first when there is no name field): in the generated form's grid.
-  const grid = own.element.querySelector(".form-row");
-  grid.insertBefore(modelField, omit.includes("name") ? grid.firstChild : grid.children[1] || null);
-  const details = h("details.deployment-options",
-    h("summary", "Options"),
-    h("p.hint", note),
-    options ? options.element : h("p.error-text", "The runtime options could not be loaded: vLLM's defaults apply."));
-  const element = h("div.deployment-fields", own.element, details);
-
-  const clearModelNote = () => {
-    for (const old of modelField.querySelectorAll(".field-error")) old.remove();
-    select.removeAttribute("aria-invalid");
-  };
-
-  // Errors by field: the model's under the select, the options' in Options (opened), the others
-  // under their generated fields. Returns what has no field here, as text, and whether one was placed.
-  const showErrors = (fieldErrors) => {
-    const top = {};
-    const opts = {};
-    const unplaced = [];
-    let modelMessage = null;
-    for (const [key, message] of Object.entries(fieldErrors || {})) {
-      if (key === "model_id") modelMessage = message;
-      else if (key.startsWith("options.")) opts[key] = message;
-      else top[key] = message;
-    }
-    const a = own.showErrors(top); // clears every note in its grid, the model's included
-    clearModelNote();
-    if (modelMessage) {
-      select.setAttribute("aria-invalid", "true");
-      modelField.append(h("p.field-error", { role: "alert" }, String(modelMessage).replace(/^Value error, /, "")));
-    }
-    const b = options ? options.showErrors(opts, "options") : { unplaced: Object.entries(opts), first: null };
-    if (b.first) details.open = true;
-    const first = a.first || (modelMessage ? select : null) || b.first;
-    unplaced.push(...a.unplaced, ...b.unplaced);
-    if (first) first.focus();
-    return { unplaced: unplaced.map(([k, m]) => `${readableName(k.split(".").pop())}: ${m}`).join("; "), placed: Boolean(first) };
-  };
-
-  const clearErrors = () => {
-    clearModelNote();
-    own.clearErrors();
-    if (options) options.clearErrors();
-  };
-
-  // {values, errors}: the deployment's fields as the form holds them (`complete`: also those left at
-  // their default, for an edit), and the options that differ from vLLM's defaults.
-  const collect = ({ complete = false } = {}) => {
-    const a = own.collect({ complete });
-    const b = options ? options.collect() : { values: {}, errors: {} };
-    const errors = { ...a.errors };
-    for (const [k, m] of Object.entries(b.errors)) errors[`options.${k}`] = m;
-    const values = { ...a.values, model_id: select.value };
-    if (complete || Object.keys(b.values).length) values.options = b.values;
-    return { values, errors };
-  };
-
-  return { element, own, options, select, collect, showErrors, clearErrors, fill: (d) => {
-    own.fill(d);
-    if (options) options.fill(d.options);
-    select.value = d.model_id;
-  } };
-}
-
-function createForm(ctx, created) {
-  const { signal } = ctx;
-  const section = h("section.card.deployment-create", { "aria-labelledby": "deployment-create-title" },
-    h("h2#deployment-create-title", "Create a deployment"));
-  if (ctx.schemas.error) {
-    section.append(h("p.error-text", { role: "alert" }, `The form could not be loaded: ${ctx.schemas.error}.`));
-    return section;
-  }
-  if (!ctx.ready.length) {
-    section.append(empty("No model is ready to deploy: download or register a model first.",
-      h("a.button", { href: "/models" }, "Go to Models")));
-    return section;
-  }
-  const fields = deploymentFields(ctx, { omit: [],
-    note: "Empty fields leave vLLM's own default. The model, the served name and the port are set by the deployment." });
-  const submit = h("button.button.primary", { type: "submit" }, "Create");
-  const error = errorSlot();
-  const form = h("form.deployment-form", { novalidate: true }, fields.element, h("div.actions", submit), error);
-  section.append(form);
-
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
-    if (submit.disabled) return;
-    showError(error, null);
-    const { values, errors } = fields.collect();
-    if (Object.keys(errors).length) {
-      report(fields, error, errors, null);
-      return;
-    }
-    fields.clearErrors();
-    submit.disabled = true;
-    submit.textContent = "Creating…";
-    try {
-      const deployment = await api("POST", "/deployments", values, { signal });
-      created(deployment);
-      toast(`${deployment.name} was created. Load it, or send it a /v1 request.`, "ok");
-      fields.fill({ model_id: fields.select.value });
-    } catch (err) {
-      if (err.name === "AbortError" || err.status === 401) return;
-      report(fields, error, err.fieldErrors, err);
-    } finally {
-      submit.disabled = false;
-      submit.textContent = "Create";
-    }
-  });
-  return section;
-}
-
-function editForm(d, ctx, { saved, canceled }) {
-  const { signal } = ctx;
-  if (ctx.schemas.error) return h("p.error-text", { role: "alert" }, `The form could not be loaded: ${ctx.schemas.error}.`);
-  // What deployments.update takes (the name is in the path); the rest of create's fields cannot change.
-  const editable = ctx.schemas.update ? Object.keys(ctx.schemas.update.properties) : Object.keys(ctx.schemas.create.properties);
-  const omit = ["name", ...Object.keys(ctx.schemas.create.properties).filter((k) => !editable.includes(k))];
-  const fields = deploymentFields(ctx, { omit, currentModel: d.model_id,
-    note: "Empty fields leave vLLM's own default. Saved options replace the options as a whole." });
-  fields.fill(d);
-  const save = h("button.button.primary", { type: "submit" }, "Save");
-  const cancel = h("button.button", { type: "button" }, "Cancel");
-  const error = errorSlot();
-  const form = h("form.deployment-form.deployment-edit", { novalidate: true, "aria-label": `Edit ${d.name}` },
-    h("h4", `Edit ${d.name}`),
-    fields.element, h("div.actions", save, cancel), error,
-    h("p.hint", "A loaded instance keeps running as it was started until it is unloaded and loaded again."));
-  cancel.addEventListener("click", canceled);
-
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
-    if (save.disabled) return;
-    showError(error, null);
-    const { values, errors } = fields.collect({ complete: true });
-    if (Object.keys(errors).length) {
-      report(fields, error, errors, null);
-      return;
-    }
-    // Every editable field is sent: one left empty takes its default (no aliases: an empty list).
-    const body = {};
-    for (const name of editable) {
-      if (name === "name") continue;
-      const schema = resolveSchema(ctx.schemas.create.properties[name] || {}, ctx.schemas.create).schema;
-      if (name in values) body[name] = values[name];
-      else if (schema.type === "array") body[name] = [];
-      else if (schema.default !== undefined) body[name] = schema.default;
-    }
-    fields.clearErrors();
-    save.disabled = true;
-    save.textContent = "Saving…";
-    try {
-      saved(await api("PATCH", `/deployments/${encodeURIComponent(d.name)}`, body, { signal }));
-    } catch (err) {
-      if (err.name === "AbortError" || err.status === 401) return;
-      report(fields, error, err.fieldErrors, err);
-    } finally {
-      save.disabled = false;
-      save.textContent = "Save";
-    }
-  });
-  return form;
-}
-
-// A refused form: field errors next to their fields; what has none (a conflict, a check across
-// fields, an unreachable server) by the button, in the server's words.
-function report(fields, slot, fieldErrors, error) {
-  const { unplaced, placed } = fields.showErrors(fieldErrors);
-  if (unplaced) showError(slot, unplaced);
-  else if (placed) showError(slot, "Some fields need a change: see the messages next to them.");
-  else showError(slot, error);
 }

@@ -1,6 +1,8 @@
-// Overview: the machine (system, tools, GPUs with memory bars), the runtime, and record counts.
-// One call (GET /api/dashboard) plus GET /api/runtime and /api/models, refreshed every 5 s.
+// Overview: the machine (system, tools, GPUs with memory bars), the runtime and the deployments'
+// instances, and record counts. One call (GET /api/dashboard) plus GET /api/runtime (its
+// `instances`: every deployment's) and /api/models, refreshed every 5 s.
 import { api } from "../api.js";
+import { summarize } from "../status.js";
 import { badge, clear, empty, every, formatBytes, formatDuration, h, humanError, pageHeader, placeholder, progressBar } from "../ui.js";
 
 export async function render(root, page) {
@@ -33,10 +35,15 @@ function runtimeCard(rt, models) {
   if (rt.uptime_s !== null && rt.uptime_s !== undefined) rows.push(["Up for", formatDuration(rt.uptime_s)]);
   rows.push(["Gateway upstream", rt.upstream || "—"]);
   if (rt.error) rows.push(["Last error", rt.error]);
+  rows.push(["Deployments", (rt.instances || []).length ? summarize(rt.instances.map((i) => i.state)) : "none yet"]);
+  // Models start as deployments (loaded side by side, or on demand); the runtime page runs one alone.
+  const action = rt.state === "stopped"
+    ? h("a.button", { href: "/deployments" }, "Start a model")
+    : h("a.button", { href: "/runtime" }, "Open runtime");
   return h("section.card", { "aria-labelledby": "ov-runtime" },
     h("h2#ov-runtime", "Runtime"),
     definitionList(rows),
-    h("div.actions", h("a.button", { href: "/runtime" }, rt.state === "stopped" ? "Start a model" : "Open runtime")));
+    h("div.actions", action));
 }
 
 function countsCard(counts, models) {

@@ -1,5 +1,7 @@
-// Runtime: what vLLM runs now, run a ready model with options, restart or stop it, its live log,
-// and, when it failed, why (error, exit code, last lines).
+// Runtime (/runtime, linked from the deployments page; not in the navigation): what vLLM runs now,
+// run a ready model alone with options (runtime.switch saves it as a deployment and stops every
+// other vLLM, docs/router.md), restart or stop it, its live log, and, when it failed, why (error,
+// exit code, last lines).
 //
 // API: GET /api/runtime, GET /api/models (the ready models to run) and GET /api/methods (the
 // options form is generated from runtime.switch's published input schema, see ../schema-form.js)
@@ -25,7 +27,10 @@ const RANK = { starting: 0, ready: 1, stopping: 2, stopped: 3, failed: 3 };
 
 export async function render(root, page) {
   const body = h("div.runtime", placeholder(10));
-  root.append(pageHeader("Runtime", "Run a model with vLLM, follow its log, restart or stop it."), body);
+  root.append(pageHeader("Runtime", "Run one model alone with vLLM (every other one stops), follow its log, restart or stop it."),
+    h("p.page-aside", "To load several models side by side, or on demand: ",
+      h("a", { href: "/deployments" }, "Deployments page"), "."),
+    body);
 
   const get = (path, query) => api("GET", path, undefined, { query, signal: page.signal });
   let status;
