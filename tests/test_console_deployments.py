@@ -17,7 +17,7 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.support.browser import Watched, new_page, settled, sign_in
+from tests.support.browser import Watched, new_page, settled, sign_in, signed_in_on
 from tests.support.deployments import register
 from tests.support.gpus import TOTAL, gpu_server, held
 from tests.support.server import free_port
@@ -51,16 +51,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture
 def watched(browser: Browser, stack: Stack) -> Iterator[Watched]:
-    page = new_page(browser, stack.url)
-    requests: list[str] = []
-    page.page.on("request", lambda r: requests.append(f"{r.method} {r.url}"))
-    page.requests = requests  # type: ignore[attr-defined]
-    sign_in(page, stack.server.admin_token or "", "/deployments")
-    expect(page.page.get_by_role("heading", name="Deployments", level=1)).to_be_visible()
     try:
-        yield page
-        page.page.context.close()
-        page.assert_clean()
+        with signed_in_on(
+            browser, stack.url, stack.server.admin_token or "", "/deployments", "Deployments"
+        ) as page:
+            yield page
     finally:
         delete_all(stack)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.support.browser import Watched, new_page, sign_in
+from tests.support.browser import Watched, signed_in_on
 from tests.support.stack import Stack, console_stack
 
 START_TIMEOUT_MS = 30_000  # the fake refuses `broken` at once and shows `slow` loading at once
@@ -37,16 +37,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture
 def watched(browser: Browser, stack: Stack) -> Iterator[Watched]:
-    page = new_page(browser, stack.url)
-    requests: list[str] = []
-    page.page.on("request", lambda r: requests.append(f"{r.method} {r.url}"))
-    page.requests = requests  # type: ignore[attr-defined]
-    sign_in(page, stack.server.admin_token or "", "/runtime")
-    expect(page.page.get_by_role("heading", name="Runtime", level=1)).to_be_visible()
     try:
-        yield page
-        page.page.context.close()
-        page.assert_clean()
+        with signed_in_on(browser, stack.url, stack.server.admin_token or "", "/runtime", "Runtime") as page:
+            yield page
     finally:
         stack.server.fetch("/api/runtime/stop", "POST")
 

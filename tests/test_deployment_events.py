@@ -18,6 +18,7 @@ import pytest
 
 from handlers import events
 from tests.fakes import fake_vllm_bin
+from tests.support.deployments import register
 from tests.support.server import Server, eventually, free_port, start_server
 from tests.support.sse import StreamReader
 from vllm_use import app as app_mod
@@ -38,16 +39,6 @@ def router(tmp_path: Path) -> Iterator[Server]:
     srv = start_server(tmp_path / "data", "--vllm-bin", str(vllm), "--runtime-ports", f"{first}-{first + 9}")
     yield srv
     srv.stop()
-
-
-def register(server: Server, name: str) -> str:
-    """A ready local model `name`; its id."""
-    directory = server.data_dir / "models" / name
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text("{}")
-    r = server.fetch("/api/models/local", "POST", json={"name": name, "path": name})
-    assert r.status_code == 201, r.text
-    return r.json()["model"]["id"]
 
 
 def deploy(server: Server, name: str, model_id: str, **fields: Any) -> dict[str, Any]:

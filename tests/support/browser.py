@@ -122,6 +122,23 @@ def sign_in(watched: Watched, credential: str, path: str = "/") -> None:
     page.locator("main .page-header h1").first.wait_for()
 
 
+@contextmanager
+def signed_in_on(
+    browser: Browser, origin: str, credential: str, path: str, heading: str
+) -> Iterator[Watched]:
+    """A page signed in on `path`, showing its `heading`, that records every request it sends
+    (`requests`, "METHOD URL"); on leaving, closed and checked clean (an exception skips the check)."""
+    page = new_page(browser, origin)
+    requests: list[str] = []
+    page.page.on("request", lambda r: requests.append(f"{r.method} {r.url}"))
+    page.requests = requests  # type: ignore[attr-defined]
+    sign_in(page, credential, path)
+    expect(page.page.get_by_role("heading", name=heading, level=1)).to_be_visible()
+    yield page
+    page.page.context.close()
+    page.assert_clean()
+
+
 def settled(page: Page) -> None:
     """The page's heading is up and no placeholder is left (pages poll and stream, so the network
     is never idle)."""
