@@ -67,6 +67,18 @@ export async function api(method, path, body = undefined, { query, signal } = {}
 // so this reads the stream with fetch; `onOpen()` runs once the server has answered (it sends its
 // headers before any event), `onEvent(type, data)` gets each event with data, its data parsed as
 // JSON (the text when it is not JSON). Resolves when the server ends the stream.
+// A page's first reads: `paths` (in order) and the published methods, whose schemas its forms are
+// built from. The methods failing leaves `{error}` in their place (the page still shows what it
+// lists); any other failure, an abort or a lost sign-in, is thrown.
+export async function readWithMethods(paths, { signal } = {}) {
+  const get = (path) => api("GET", path, undefined, { signal });
+  const methods = get("/methods").catch((error) => {
+    if (error.name === "AbortError" || error.status === 401) throw error;
+    return { error };
+  });
+  return Promise.all([...paths.map(get), methods]);
+}
+
 export async function events(path, onEvent, { signal, onOpen } = {}) {
   const response = await send(`/api${path}`, {
     credential: credential(), accept: "text/event-stream", signal,

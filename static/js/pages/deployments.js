@@ -19,7 +19,7 @@
 //
 // DOM hooks for tests: each deployment is <article class="deployment" data-name="…" data-state="…">,
 // named by its heading (the deployment's name).
-import { api, events } from "../api.js";
+import { api, events, readWithMethods } from "../api.js";
 import {
   badge, clear, confirmDialog, empty, errorSlot, formatDuration, formatTime, h, humanError, pageHeader,
   placeholder, showError, sleep, toast,
@@ -50,14 +50,7 @@ export async function render(root, page) {
   let models;
   let methods;
   try {
-    [listed, models, methods] = await Promise.all([
-      get("/deployments"),
-      get("/models"),
-      get("/methods").catch((error) => {
-        if (error.name === "AbortError" || error.status === 401) throw error;
-        return { error };
-      }),
-    ]);
+    [listed, models, methods] = await readWithMethods(["/deployments", "/models"], { signal });
   } catch (error) {
     if (error.name === "AbortError" || error.status === 401) return;
     clear(body, h("p.error-text", { role: "alert" }, `Could not load the deployments: ${humanError(error)}`));

@@ -11,7 +11,7 @@
 // POST /api/runtime/restart (same model, same options) answer 202 at once with state "starting":
 // the page shows the start's progress, then, from the events, "ready" or the failure with vLLM's
 // last lines. POST /api/runtime/stop (it cancels a start that is still loading).
-import { api, events } from "../api.js";
+import { api, events, readWithMethods } from "../api.js";
 import { schemaForm, resolveSchema } from "../schema-form.js";
 import {
   badge, clear, confirmDialog, empty, errorSlot, every, field, formatDuration, formatTime, h, humanError,
@@ -37,14 +37,7 @@ export async function render(root, page) {
   let models;
   let methods;
   try {
-    [status, models, methods] = await Promise.all([
-      get("/runtime"),
-      get("/models"),
-      get("/methods").catch((error) => {
-        if (error.name === "AbortError" || error.status === 401) throw error;
-        return { error };
-      }),
-    ]);
+    [status, models, methods] = await readWithMethods(["/runtime", "/models"], { signal: page.signal });
   } catch (error) {
     if (error.name === "AbortError" || error.status === 401) return;
     clear(body, h("p.error-text", { role: "alert" }, `Could not load the runtime: ${humanError(error)}`));
