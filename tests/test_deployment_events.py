@@ -16,13 +16,10 @@ from typing import Any
 
 import pytest
 
-from handlers import events
 from tests.fakes import fake_vllm_bin
 from tests.support.deployments import register
 from tests.support.server import Server, eventually, free_port, start_server
-from tests.support.sse import StreamReader
-from vllm_use import app as app_mod
-from vllm_use import config as config_mod
+from tests.support.sse import StreamReader, quick_heartbeat_app
 from vllm_use.runtime.supervisor import REAP_CAP_S, TERM_GRACE_S
 
 PATH = "/api/deployments/events"
@@ -151,13 +148,7 @@ def test_events_is_reserved_and_the_stream_wins_over_a_deployment_of_that_name(r
 
 @pytest.fixture
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(events, "HEARTBEAT_S", 0.2)
-    args = config_mod.build_parser().parse_args(["serve", "--data-dir", str(tmp_path / "data")])
-    context = app_mod.build_context(config_mod.load(args, environ={"VLLM_USE_ADMIN_TOKEN": TOKEN}))
-    application = app_mod.make_app(context)
-    application.context = context
-    yield application
-    app_mod.shutdown(context)
+    yield from quick_heartbeat_app(tmp_path / "data", TOKEN, monkeypatch)
 
 
 async def next_event(reader: asyncio.StreamReader, buffer: bytearray) -> tuple[str, Any]:

@@ -15,12 +15,10 @@ from typing import Any
 
 import pytest
 
-from handlers import events
 from tests.fakes import fake_vllm_bin
 from tests.support.server import Server, eventually, free_port, start_server
-from tests.support.sse import StreamReader
+from tests.support.sse import StreamReader, quick_heartbeat_app
 from vllm_use import app as app_mod
-from vllm_use import config as config_mod
 from vllm_use.runtime.supervisor import REAP_CAP_S
 
 TOKEN = "events-test-admin-token-0123"
@@ -130,13 +128,7 @@ def test_runtime_events_take_log_true_or_false_and_nothing_else(shared_server: S
 
 @pytest.fixture
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(events, "HEARTBEAT_S", 0.2)
-    args = config_mod.build_parser().parse_args(["serve", "--data-dir", str(tmp_path / "data")])
-    context = app_mod.build_context(config_mod.load(args, environ={"VLLM_USE_ADMIN_TOKEN": TOKEN}))
-    application = app_mod.make_app(context)
-    application.context = context
-    yield application
-    app_mod.shutdown(context)
+    yield from quick_heartbeat_app(tmp_path / "data", TOKEN, monkeypatch)
 
 
 @pytest.mark.parametrize("path", STREAMS)

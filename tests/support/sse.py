@@ -4,12 +4,32 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+import tornado.web
 
 from handlers import events
 from tests.support.server import ADMIN_TOKEN, Client
+from vllm_use import app as app_mod
+from vllm_use import config as config_mod
+
+
+def quick_heartbeat_app(
+    data_dir: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tornado.web.Application]:
+    """The application in this process, its event streams beating every 0.2 s, for a fixture to
+    `yield from` (pytest-tornado's `app`); `.context` is its AppContext, shut down at the end."""
+    monkeypatch.setattr(events, "HEARTBEAT_S", 0.2)
+    args = config_mod.build_parser().parse_args(["serve", "--data-dir", str(data_dir)])
+    context = app_mod.build_context(config_mod.load(args, environ={"VLLM_USE_ADMIN_TOKEN": token}))
+    application = app_mod.make_app(context)
+    application.context = context  # type: ignore[attr-defined]
+    yield application
+    app_mod.shutdown(context)
 
 
 class StreamReader:
