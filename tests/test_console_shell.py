@@ -204,3 +204,18 @@ def test_an_unknown_client_route_says_so(watched: Watched, stack: Stack) -> None
     expect(watched.page.get_by_role("heading", name="Page not found")).to_be_visible()
     watched.page.get_by_role("link", name="Go to the overview.").click()
     expect(watched.page.get_by_role("heading", name="Overview")).to_be_visible()
+
+
+def test_the_keys_create_form_reads_top_to_bottom_at_desktop_width(watched: Watched, stack: Stack) -> None:
+    """Name, then the scopes, then "Create key", each starting at the form's left edge: no other
+    page's stylesheet lays it out (chat.css once put Name top right, the button far from it)."""
+    sign_in(watched, stack.server.admin_token or "", "/keys")
+    form = watched.page.locator("form").filter(has=watched.page.get_by_role("heading", name="Create a key"))
+    name = form.get_by_label("Name", exact=True)
+    first_scope = form.get_by_role("checkbox").first
+    button = form.get_by_role("button", name="Create key")
+    boxes = [item.bounding_box() for item in (form, name, first_scope, button)]
+    assert all(box is not None for box in boxes)
+    whole, *parts = boxes
+    assert [round(part["x"] - whole["x"]) < 40 for part in parts] == [True] * 3, boxes
+    assert parts[0]["y"] < parts[1]["y"] < parts[2]["y"], boxes  # top to bottom

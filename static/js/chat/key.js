@@ -40,7 +40,7 @@ export function createKeyPanel({ signal, onUse }) {
   const note = h("p.key-note", { hidden: true });
   const error = errorSlot();
   const createKey = h("button.button.primary", { type: "button" }, "Create a playground key");
-  const form = h("form.key-form", { novalidate: true },
+  const form = h("form.chat-key-form", { novalidate: true },
     field("Inference key", keyInput), h("div.actions", h("button.button", { type: "submit" }, "Use this key")));
   // Named by `title`, not aria-labelledby, so that the label "Inference key" names only the input.
   const region = h("section.card.key-region", { role: "region", title: "Inference key", hidden: Boolean(key) },
