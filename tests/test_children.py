@@ -48,6 +48,10 @@ def test_a_failed_spawn_closes_its_pipe_exactly_once(argv: list[str], cwd: str) 
 
 def _run(argv: list[str]) -> tuple[bytes, int]:
     async def main() -> tuple[bytes, int]:
+        # tornado's SIGCHLD handler is installed once per process: an earlier test's loop (a server
+        # run in this process, now closed) may still hold it, and this child's exit would never be
+        # seen. Dropping it makes wait_for_exit install it on this loop.
+        Subprocess.uninitialize()
         proc = children.spawn(argv, {"PATH": "/usr/bin:/bin"}, cwd="/", parent_death=True)
         assert proc.stdout is not None
         try:
