@@ -507,12 +507,11 @@ def test_a_failed_load_is_a_502_without_vllms_lines(tmp_path: Path) -> None:
 
 
 def test_max_loaded_one_evicts_the_idle_instance_and_a_request_waits_for_room(tmp_path: Path) -> None:
-    server = on_demand_server(tmp_path, "--max-loaded", "1", "--load-wait-timeout", "4", token_seconds=0.05)
+    # The default --load-wait-timeout (600 s): the wait below includes a start of vLLM.
+    server = on_demand_server(tmp_path, "--max-loaded", "1", token_seconds=0.05)
     try:
         secret = deploy(server, "one")
-        second = register(server, "beta")
-        options = {"start_timeout_s": START_TIMEOUT_S}
-        assert create(server, {"name": "two", "model_id": second, "options": options}).status_code == 201
+        add_second(server)
         first = load(server, "one").json()
         assert first["state"] == "ready"
         # "two" is asked for: "one" is idle, so it is stopped (its whole group) and "two" loads.
@@ -531,19 +530,40 @@ def test_max_loaded_one_evicts_the_idle_instance_and_a_request_waits_for_room(tm
             answer = waiting.result(timeout=START_TIMEOUT_S)
         assert answer.status_code == 200, answer.text
         assert states(server) == {"one": "ready", "two": "unloaded"}
-        # A pinned instance is never evicted: the request waits --load-wait-timeout, then 503.
+    finally:
+        server.stop()
+
+
+def test_a_pinned_instance_is_never_evicted_and_a_request_for_room_times_out(tmp_path: Path) -> None:
+    """No room can come while "one" is pinned, so the short --load-wait-timeout only ends a wait
+    that nothing would end; nothing starts within it."""
+    server = on_demand_server(tmp_path, "--max-loaded", "1", "--load-wait-timeout", "2")
+    try:
+        secret = deploy(server, "one")
+        add_second(server)
+        assert load(server, "one").json()["state"] == "ready"
         assert server.fetch("/api/deployments/one", "PATCH", json={"pinned": True}).status_code == 200
         refused = chat(server, secret, "two")
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_loading", refused.text
         assert "retry-after" in refused.headers
         assert instance(server, "two")["waiting"] == 0
+        assert states(server) == {"one": "ready", "two": "unloaded"}
         # deployments.load does not wait for room: 503 at once, naming why.
         r = server.fetch("/api/deployments/two/load", "POST")
         assert r.status_code == 503 and "--max-loaded 1" in r.json()["error"]["message"], r.text
+        # Unpinned, "one" is evicted for a load that waits as long as a start needs.
         assert server.fetch("/api/deployments/one", "PATCH", json={"pinned": False}).status_code == 200
-        assert chat(server, secret, "two").status_code == 200
+        assert load(server, "two").json()["state"] == "ready"
+        assert states(server) == {"one": "unloaded", "two": "ready"}
     finally:
         server.stop()
+
+
+def add_second(server: Server) -> None:
+    """A deployment "two" of a second model."""
+    second = register(server, "beta")
+    body = {"name": "two", "model_id": second, "options": {"start_timeout_s": START_TIMEOUT_S}}
+    assert create(server, body).status_code == 201
 
 
 def test_v1_models_lists_every_deployment_and_alias_and_never_loads_one(router: Server) -> None:
