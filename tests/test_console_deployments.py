@@ -354,13 +354,13 @@ def test_the_top_bar_counts_every_instance_and_the_runtimes_deployment_once(
     page = watched.page
     bar = page.locator("#topbar-status")
     try:
-        expect(bar).to_have_text("vLLM: none loaded")
+        expect(bar).to_have_text("vLLM: none serving")
         create(page, "one")
         one = card(page, "one")
         one.get_by_role("button", name="Load", exact=True).click()
         expect(bar).to_have_text("vLLM: 1 loading")
         expect(one).to_have_attribute("data-state", "ready", timeout=START_TIMEOUT_MS)
-        expect(bar).to_have_text("vLLM: 1 loaded")
+        expect(bar).to_have_text("vLLM: 1 serving")
 
         # A path run by runtime.start is no deployment: the runtime's events count it.
         path = str(stack.server.data_dir / "models" / "beta")
@@ -369,7 +369,7 @@ def test_the_top_bar_counts_every_instance_and_the_runtimes_deployment_once(
             f"/api/runtime/start?wait={wait}", "POST", json={"options": {"model": path}}, timeout=wait + 10
         )
         assert r.status_code == 200 and r.json()["state"] == "ready", r.text
-        expect(bar).to_have_text("vLLM: 2 loaded")
+        expect(bar).to_have_text("vLLM: 2 serving")
 
         # runtime.switch, from the Runtime page (linked from this one): beta's deployment runs alone,
         # as the runtime; both the runtime's events and the deployment's say it is ready.
@@ -382,7 +382,7 @@ def test_the_top_bar_counts_every_instance_and_the_runtimes_deployment_once(
         assert runtime["state"] == "ready" and runtime["deployment"] == "beta", runtime
         states = {d["name"]: d["instance"]["state"] for d in saved(stack)}
         assert states == {"beta": "ready", "one": "unloaded"}, states
-        expect(bar).to_have_text("vLLM: 1 loaded")
+        expect(bar).to_have_text("vLLM: 1 serving")
 
         # The bar links to the deployments page; unloading the runtime's deployment leaves none.
         bar.get_by_role("link").click()
@@ -391,7 +391,7 @@ def test_the_top_bar_counts_every_instance_and_the_runtimes_deployment_once(
         expect(beta).to_have_attribute("data-state", "ready")
         beta.get_by_role("button", name="Unload", exact=True).click()
         expect(beta).to_have_attribute("data-state", "unloaded", timeout=START_TIMEOUT_MS)
-        expect(bar).to_have_text("vLLM: none loaded")
+        expect(bar).to_have_text("vLLM: none serving")
         assert stack.server.fetch("/api/runtime").json()["state"] == "stopped"
     finally:
         stack.server.fetch("/api/runtime/stop", "POST")

@@ -74,7 +74,7 @@ def test_a_start_shows_starting_and_the_live_log_until_a_stop_cancels_it(
     expect(state).to_have_attribute("data-state", "stopped")
     expect(page.locator("form.run-form").get_by_role("alert")).to_contain_text("The start was canceled.")
     expect(page.get_by_role("button", name="Start", exact=True)).to_be_enabled()
-    expect(topbar).to_have_text("vLLM: none loaded")
+    expect(topbar).to_have_text("vLLM: none serving")
     # Followed through the event streams: the page never asked for the log.
     sent: list[str] = watched.requests  # type: ignore[attr-defined]
     assert [r for r in sent if r.startswith("GET ") and r.endswith("/api/runtime/events")]

@@ -193,7 +193,7 @@ def test_the_navigation_lists_deployments_where_the_runtime_was(watched: Watched
     # The top bar summarises every vLLM (none here) and leads to the deployments page.
     watched.page.get_by_role("link", name="Overview", exact=True).click()
     status = watched.page.locator("#topbar-status").get_by_role("link")
-    expect(status).to_have_text("vLLM: none loaded")
+    expect(status).to_have_text("vLLM: none serving")
     status.click()
     expect(watched.page.get_by_role("heading", name="Deployments", level=1)).to_be_visible()
 

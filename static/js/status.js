@@ -1,5 +1,5 @@
 // The top bar's "vLLM: …" (index.html #topbar-status): every vLLM that runs, counted by state
-// ("vLLM: 2 loaded, 1 loading", "vLLM: none loaded"), as a link to the deployments page; empty
+// ("vLLM: 2 serving, 1 loading", "vLLM: none serving"), as a link to the deployments page; empty
 // while it is not known (signed out, or a stream is reconnecting).
 //
 // It follows two event streams while signed in (main.js starts and stops it):
@@ -13,27 +13,26 @@
 // the next sign-in.
 import { events } from "./api.js";
 import { credential } from "./session.js";
+import { instanceWord } from "./states.js";
 import { sleep } from "./ui.js";
 
 const RECONNECT_MS = 2000;
 // The bar is drawn at most this often, so a connect's burst (one event per deployment) shows once.
 const DRAW_MS = 100;
-// A state (an instance's, docs/router.md, or the runtime's, docs/runtime.md) → the word it is
-// counted under; any other word the server sends is shown as it is. Not running: not counted.
-const WORDS = { ready: "loaded", starting: "loading", waking: "loading", sleeping: "sleeping", stopping: "stopping",
-  failed: "failed" };
+// A state (an instance's, docs/router.md, or the runtime's, docs/runtime.md) is counted under its
+// word (states.js, the same on every page). Not running: not counted.
 const NOT_RUNNING = new Set(["unloaded", "stopped"]);
-const ORDER = ["loaded", "loading", "sleeping", "stopping", "failed"];
+const ORDER = ["serving", "loading", "sleeping", "stopping", "failed"];
 
-// "2 loaded, 1 loading" for these states, in ORDER (other words after, alphabetically); "none loaded".
+// "2 serving, 1 loading" for these states, in ORDER (other words after, alphabetically); "none serving".
 export function summarize(states) {
   const counts = new Map();
   for (const state of states) {
     if (!state || NOT_RUNNING.has(state)) continue;
-    const word = WORDS[state] || String(state);
+    const word = instanceWord(state);
     counts.set(word, (counts.get(word) || 0) + 1);
   }
-  if (!counts.size) return "none loaded";
+  if (!counts.size) return "none serving";
   const rank = (word) => (ORDER.includes(word) ? ORDER.indexOf(word) : ORDER.length);
   return [...counts]
     .sort(([a], [b]) => rank(a) - rank(b) || a.localeCompare(b))
