@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.fakes import FAKE_VLLM, fake_vllm_bin
 from tests.fakes.hub import FakeHub
-from tests.support.server import Server, free_port, start_server
+from tests.support.server import ADMIN_TOKEN, Server, free_port, start_server
 
 HF = str(Path(sys.executable).with_name("hf"))
 MiB = 1024 * 1024
@@ -58,10 +58,12 @@ def console_stack(
     *flags: str,
     vllm_knobs: dict[str, object] | None = None,
     vllm_by_name: dict[str, dict[str, object]] | None = None,
+    admin_token: str | None = ADMIN_TOKEN,
 ) -> Iterator[Stack]:
     """Start the hub and the server under `root`; stop both (and the runtime) afterwards.
     `vllm_knobs` are the fake vLLM's FAKE_VLLM_* knobs, `vllm_by_name` more for one served model name
-    (tests/fakes/__init__.py `fake_vllm_bin`)."""
+    (tests/fakes/__init__.py `fake_vllm_bin`). `admin_token=None` starts it as `make run` does, with no
+    VLLM_USE_ADMIN_TOKEN: the server writes its own token to `<data dir>/admin-token`."""
     if vllm_knobs or vllm_by_name:
         vllm = fake_vllm_bin(root / "bin", by_name=vllm_by_name, **(vllm_knobs or {}))
     else:
@@ -79,7 +81,10 @@ def console_stack(
             str(runtime_port),
             *flags,
             env={"HF_ENDPOINT": hub.url, "HF_HOME": str(root / "hfhome")},
+            admin_token=admin_token,
         )
+        if admin_token is None:  # the server's own, read as the operator would (tests use it to clean up)
+            server.admin_token = (root / "data" / "admin-token").read_text().strip()
         try:
             yield Stack(server, hub, runtime_port)
         finally:
