@@ -96,9 +96,10 @@ const SNIPPETS = [
 ];
 
 // The panel. `secret`: a key's secret just shown (filled in; no create button). `canCreate`: offer
-// "Create a key for this client" when no secret is given. `preselect`: a model name to choose.
-// Returns {element, setModels(names)}; `element` is a <div class="connect-panel">.
-export function connectPanel({ page, secret = null, canCreate = true, preselect = null, models = null } = {}) {
+// "Create a key for this client" when no secret is given, then `onCreated(created)`. `preselect`: a
+// model name to choose. Returns {element, setModels(names)}; `element` is a <div class="connect-panel">.
+export function connectPanel({ page, secret = null, canCreate = true, preselect = null, models = null,
+  onCreated = null } = {}) {
   panels += 1;
   const id = (part) => `connect-${panels}-${part}`;
   let known = secret;
@@ -150,6 +151,7 @@ export function connectPanel({ page, secret = null, canCreate = true, preselect 
         known = created.secret;
         clear(keySlot, createdNote(created));
         render();
+        if (onCreated) onCreated(created);
       } catch (error) {
         button.disabled = false;
         reportFailure(form, slot, error);

@@ -18,7 +18,9 @@ import { empty, every, formatBytes, formatDuration, h, humanError, pageHeader, p
 
 export async function render(root, page) {
   const wanted = new URLSearchParams(location.search).get("model");
-  const connect = connectPanel({ page, preselect: wanted });
+  let refresh = async () => {};
+  // A key made in the card completes the checklist's key step now, not at the next refresh.
+  const connect = connectPanel({ page, preselect: wanted, onCreated: () => refresh() });
   const connectCard = h("section#connect.card.wide.connect-card", { "aria-labelledby": "ov-connect" },
     h("h2#ov-connect", { tabindex: "-1" }, "Connect a client"),
     h("p.purpose", "What a program or a colleague needs to use a model here: the address, a key and a model name."),
@@ -37,7 +39,7 @@ export async function render(root, page) {
     shown[slot] = element;
   };
   let first = true;
-  const refresh = async () => {
+  refresh = async () => {
     try {
       const [dash, runtime, models, listed, keys] = await Promise.all([
         api("GET", "/dashboard", undefined, { signal: page.signal }),
