@@ -22,7 +22,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.fakes import FAKE_VLLM
-from tests.support.browser import new_page, settled, signed_in_on
+from tests.support.browser import new_page, screenshot, settled, signed_in_on
 from tests.support.deployments import START_TIMEOUT_S, load, register
 from tests.support.server import free_port, start_server
 from tests.support.stack import FAST_REPO, HF, Stack, console_stack
@@ -65,6 +65,7 @@ def test_the_sign_in_page_names_the_token_file_whose_token_signs_in(browser: Bro
         named = page.locator("code.token-file")
         expect(named).to_have_text(str(tmp_path / "data" / "admin-token"))
         expect(page.locator("code.token-read")).to_have_text(f"cat {tmp_path / 'data' / 'admin-token'}")
+        screenshot(page, "signin-token-file")
         expect(page.get_by_text("VLLM_USE_ADMIN_TOKEN")).to_have_count(0)  # not set: not the way in
         token = Path(named.inner_text()).read_text().strip()  # the operator reads the file the page names
         page.get_by_label("Admin token or key").fill(token)
@@ -105,6 +106,7 @@ def test_the_checklist_follows_a_fresh_data_dir_and_the_machine_is_shown(
         expect(machine.locator("dd", has_text="available of")).to_have_count(1)
         expect(machine.locator("dd", has_text="free of")).to_have_count(2)
         settled(page)
+        screenshot(page, "first-run-checklist")
         page.get_by_role("link", name="Add model").click()
         expect(page.get_by_role("heading", name="Models", level=1)).to_be_visible()
 
@@ -141,6 +143,7 @@ def test_connect_a_client_gives_an_openai_snippet_that_runs_as_written(
         expect(card.get_by_text("Copy it now: it will not be shown again.")).to_be_visible()
         secret = card.get_by_label("Secret").input_value()
         assert secret.startswith("vu_")
+        screenshot(page, "connect-a-client")
         code = snippet(page, "openai")
         assert secret in code and f'base_url="{served.url}/v1"' in code and f'model="{DEPLOYMENT}"' in code
         result = run([sys.executable, "-c", code])
