@@ -2,7 +2,7 @@
 `vllm` and the real `hf` on a fake hub (tests/support/stack.py).
 
 One operator's day, in order: sign in → register a Hugging Face model → download it with live
-progress → from the overview's "Start a model", through the deployments page to the Runtime page,
+progress → from the overview's first-run checklist ("Deploy"), through the deployments page to the Runtime page,
 switch the runtime to it and see it ready (the start answers 202; the runtime's event stream brings
 `ready` and the log; the top bar counts it once) → create an `inference` key and read its secret
 once → the key works on /v1/models with curl → disable it in the console → the same curl gets 401
@@ -118,12 +118,12 @@ def test_an_operators_day_from_sign_in_to_a_disabled_key(watched: Watched, stack
     assert any(0 < v < 100 for v in seen), f"no intermediate progress was shown: {sorted(seen)}"
     expect(page.get_by_text("succeeded", exact=True).first).to_be_visible()
 
-    # Nothing runs: the overview's "Start a model" leads to the deployments page, which links to the
-    # Runtime page, where one model runs alone.
+    # Nothing runs: the overview's checklist leads to the deployments page ("Deploy"), which links to
+    # the Runtime page, where one model runs alone.
     nav(page, "Overview")
     runtime_card = page.get_by_role("region", name="Runtime")
     expect(runtime_card.locator("dd").filter(has_text="none yet")).to_have_count(1)  # no deployment
-    runtime_card.get_by_role("link", name="Start a model").click()
+    page.locator("section#first-run").get_by_role("link", name="Deploy", exact=True).click()
     expect(page.get_by_role("heading", name="Deployments", level=1)).to_be_visible()
     page.get_by_role("link", name="Runtime page", exact=True).click()
     expect(page.get_by_role("heading", name="Runtime", level=1)).to_be_visible()

@@ -12,7 +12,7 @@ from handlers.api import ROUTES
 from vllm_use import app as app_mod
 from vllm_use import config as config_mod
 
-PUBLIC = {"/healthz", "/(.*)"}  # liveness and the console's static files
+PUBLIC = {"/healthz", "/(.*)", "/api/signin-hint"}  # liveness, the console's static files, its sign-in hint
 NOT_FOUND = {r"/(?:api|v1)(?:/.*)?", r"/mcp/.+"}  # JSON 404s: nothing to protect, nothing runs
 
 

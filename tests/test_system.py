@@ -3,6 +3,7 @@ they are; children get no secrets, run in `/`, and a burst of calls starts one p
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.server import ADMIN_TOKEN, start_server
+from vllm_use.abilities.system import machine_facts
 
 
 def write_script(path: Path, body: str) -> Path:
@@ -109,3 +111,32 @@ def test_the_real_hf_cli_is_found_with_its_version(tmp_path: Path) -> None:
 
     assert tools["hf"]["status"] == "available", tools["hf"]
     assert tools["hf"]["version"] == huggingface_hub.__version__
+
+
+def test_the_machine_reports_cpus_memory_and_free_disk(tmp_path: Path) -> None:
+    models = tmp_path / "models-elsewhere"
+    server = start_server(tmp_path / "data", "--models-dir", str(models))
+    try:
+        system = server.fetch("/api/system").json()
+        dashboard = server.fetch("/api/dashboard").json()
+    finally:
+        server.stop()
+    machine = system["machine"]
+    assert machine["cpu_count"] == os.cpu_count()
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    assert machine["memory_total_bytes"] == int(meminfo["MemTotal"].split()[0]) * 1024
+    assert 0 < machine["memory_available_bytes"] <= machine["memory_total_bytes"]
+    for name, path in (("data_dir", tmp_path / "data"), ("models_dir", models)):
+        usage = shutil.disk_usage(path)
+        assert machine[f"{name}_total_bytes"] == usage.total
+        # Other tests write meanwhile: the free space is the filesystem's, give or take their files.
+        assert abs(machine[f"{name}_free_bytes"] - usage.free) < 512 * 1024 * 1024
+    assert dashboard["system"]["machine"]["cpu_count"] == os.cpu_count()  # the overview's one call
+
+
+def test_a_fact_that_cannot_be_read_is_null_not_a_guess(tmp_path: Path) -> None:
+    facts = machine_facts(tmp_path, tmp_path / "gone" / "models")
+    assert facts["models_dir_free_bytes"] is None and facts["models_dir_total_bytes"] is None
+    assert (
+        facts["data_dir_free_bytes"] == shutil.disk_usage(tmp_path).free or facts["data_dir_free_bytes"] > 0
+    )

@@ -21,7 +21,7 @@ from typing import Any
 import tornado.web
 from tornado.ioloop import PeriodicCallback
 
-from handlers import api, events, gateway, mcp, static
+from handlers import api, events, gateway, mcp, signin, static
 from handlers.base import NotFoundJson
 from handlers.server import GuardedHTTPServer, connection_limit
 from vllm_use import fsafety
@@ -129,6 +129,7 @@ def make_app(app: AppContext) -> tornado.web.Application:
     handlers += gateway.default_handlers(common)  # first: the hot path matches at the first rules
     handlers += events.default_handlers(common)  # before /api/downloads/{id}, /api/deployments/{name}
     handlers += api.default_handlers(common)
+    handlers += signin.default_handlers(common)  # public: the sign-in page's hint
     handlers += mcp.default_handlers(common)
     # /api, /mcp and /v1 never fall back to the console.
     handlers += [(r"/(?:api|v1)(?:/.*)?", NotFoundJson, common), (r"/mcp/.+", NotFoundJson, common)]

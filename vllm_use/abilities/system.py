@@ -1,10 +1,19 @@
 """`test`, `system.get`, `mcp.status` and `dashboard.get` (docs/api_methods.md; docs/architecture.md,
-"Honest reports")."""
+"Honest reports").
+
+`system.get` includes the machine's facts (`machine`): CPUs, memory (from /proc/meminfo, else
+sysconf) and the free space where the data and the models live. They are read in the executor (a
+file read and two statvfs calls, which a hung network mount could stall), and a fact that cannot be
+read is null, never a guess.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -42,6 +51,18 @@ class Tool(BaseModel):
     message: str | None
 
 
+class Machine(BaseModel):
+    cpu_count: int | None = Field(description="logical CPUs (os.cpu_count)")
+    memory_total_bytes: int | None
+    memory_available_bytes: int | None = Field(description="MemAvailable: what can be used without swapping")
+    data_dir_free_bytes: int | None = Field(
+        description="free for an unprivileged user on the data dir's filesystem"
+    )
+    data_dir_total_bytes: int | None
+    models_dir_free_bytes: int | None
+    models_dir_total_bytes: int | None
+
+
 class SystemInfo(Result):
     version: str
     started_at: str
@@ -52,6 +73,7 @@ class SystemInfo(Result):
     tools: list[Tool]
     gpu_status: Literal["available", "missing", "error"]
     gpu_count: int
+    machine: Machine
 
 
 class McpStatus(Result):
@@ -87,15 +109,64 @@ async def _gpus_or_error() -> dict[str, Any]:
         return {"status": "error", "message": exc.message, "gpus": []}
 
 
+def _memory() -> tuple[int | None, int | None]:
+    """(total, available) bytes: /proc/meminfo's MemTotal and MemAvailable, else sysconf's pages."""
+    try:
+        fields = {}
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            name, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdecimal():
+                fields[name] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+        if "MemTotal" in fields:
+            return fields["MemTotal"], fields.get("MemAvailable")
+    except OSError:
+        pass
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return page * os.sysconf("SC_PHYS_PAGES"), page * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError):
+        return None, None
+
+
+def _disk(path: Path) -> tuple[int | None, int | None]:
+    """(free, total) bytes of the filesystem holding `path`, or nulls when it cannot be read."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return None, None
+    return usage.free, usage.total
+
+
+def machine_facts(data_dir: Path, models_dir: Path) -> dict[str, Any]:
+    """The machine's facts (module docstring). Runs in the executor: it reads files and statvfs."""
+    total, available = _memory()
+    data_free, data_total = _disk(data_dir)
+    models_free, models_total = _disk(models_dir)
+    return {
+        "cpu_count": os.cpu_count(),
+        "memory_total_bytes": total,
+        "memory_available_bytes": available,
+        "data_dir_free_bytes": data_free,
+        "data_dir_total_bytes": data_total,
+        "models_dir_free_bytes": models_free,
+        "models_dir_total_bytes": models_total,
+    }
+
+
 async def system_info(call: Call, gpus: dict[str, Any] | None = None) -> dict[str, Any]:
     app, config = call.app, call.app.config
-    tools, gpus = await asyncio.gather(
+    machine = asyncio.get_running_loop().run_in_executor(
+        None, machine_facts, config.data_dir, config.models_dir
+    )
+    tools, gpus, facts = await asyncio.gather(
         asyncio.gather(
             probe.probe("vllm", config.vllm_bin, ("--version",)),
             probe.probe("hf", config.hf_bin, ("version",)),
             probe.probe("nvidia-smi", "nvidia-smi", ("--version",)),
         ),
         _gpus_or_error() if gpus is None else _given(gpus),
+        machine,
     )
     return {
         "version": __version__,
@@ -107,6 +178,7 @@ async def system_info(call: Call, gpus: dict[str, Any] | None = None) -> dict[st
         "tools": list(tools),
         "gpu_status": gpus["status"],
         "gpu_count": len(gpus["gpus"]),
+        "machine": facts,
     }
 
 
@@ -167,7 +239,8 @@ def register(registry: Registry) -> None:
     )(test)
     registry.method(
         "system.get",
-        "Version, uptime, data and models directories, the vllm/hf/nvidia-smi tools found, GPU count.",
+        "Version, uptime, data and models directories, the vllm/hf/nvidia-smi tools found, GPU count, "
+        "and the machine: CPUs, memory, free disk where the data and the models live.",
         NoArgs,
         SystemInfo,
         READ,
@@ -181,7 +254,8 @@ def register(registry: Registry) -> None:
     )(mcp_status)
     registry.method(
         "dashboard.get",
-        "One call for the overview page: system, GPUs and record counts.",
+        "One call for the overview page: system (with the machine's CPUs, memory and disk), GPUs and record "
+        "counts.",
         NoArgs,
         Dashboard,
         READ,

@@ -4,7 +4,11 @@
 //
 // API: GET /api/keys; POST /api/keys {name, scopes}; POST /api/keys/{id}/disable and /enable;
 // DELETE /api/keys/{id}.
+//
+// A new key with the inference scope gets "Connect a client" (js/connect.js) in its dialog, the
+// secret filled into the snippets; it goes with the dialog.
 import { api } from "../api.js";
+import { connectPanel, servedModels } from "../connect.js";
 import {
   badge, clear, confirmDialog, copyButton, empty, errorSlot, field, formatTime, h, humanError, pageHeader,
   placeholder, showError, showFieldErrors, toast,
@@ -191,6 +195,7 @@ function showSecretOnce(key, secret, page, returnFocus) {
     h("div.secret-row", input, copyButton(() => input.value)),
     h("p#new-key-warning.secret-warning", h("strong", "Copy it now: it will not be shown again."),
       " vllm-use keeps only a hash of it. If it is lost, create a new key and delete this one."),
+    connectSection(key, secret, page),
     h("div.actions", done));
   // Synchronous: the "close" event comes a task later, and the secret must be gone at once.
   let finished = false;
@@ -213,4 +218,17 @@ function showSecretOnce(key, secret, page, returnFocus) {
   dialog.showModal();
   input.focus();
   input.select();
+}
+
+// For an inference key: the base URL, the served models and the snippets with this secret in them.
+function connectSection(key, secret, page) {
+  if (!key.scopes.includes("inference")) return null;
+  const panel = connectPanel({ page, secret, canCreate: false });
+  servedModels(page.signal).then(panel.setModels, (error) => {
+    if (error.name === "AbortError" || error.status === 401) return;
+    panel.element.prepend(h("p.error-text", { role: "alert" }, `Could not list the models: ${humanError(error)}`));
+  });
+  return h("section.secret-connect", { "aria-labelledby": "new-key-connect" },
+    h("h3#new-key-connect", "Connect a client with it"),
+    panel.element);
 }

@@ -3,9 +3,11 @@
 // GET /api/methods (each method's MCP scope, to list which tools each mcp.* scope gives).
 //
 // The examples carry a placeholder where the key goes, never the console's own credential: the
-// admin token is refused on /mcp anyway, and an agent should get its own mcp.* key (API keys page).
+// admin token is refused on /mcp anyway, and an agent should get its own mcp.* key. "Create a key
+// for this agent" makes one here (POST /api/keys with the chosen mcp.* scopes) and fills its secret
+// into the examples, shown once: it lives only in this page's DOM and goes when the page is left.
 import { api } from "../api.js";
-import { clear, copyButton, h, humanError, pageHeader, placeholder } from "../ui.js";
+import { clear, copyButton, errorSlot, field, h, humanError, pageHeader, placeholder, reportFailure, showError } from "../ui.js";
 
 const KEY_PLACEHOLDER = "<an mcp.* key>";
 
@@ -33,8 +35,68 @@ export async function render(root, page) {
     return;
   }
   const scopes = scopesCard();
-  clear(body, endpointCard(status), configCard(status), curlCard(status), scopes.element);
+  const config = configCard(status);
+  const curl = curlCard(status);
+  const fill = (secret) => {
+    config.fill(secret);
+    curl.fill(secret);
+  };
+  clear(body, endpointCard(status), keyCard(page, fill), config.element, curl.element, scopes.element);
   scopes.load(page);
+}
+
+// Which mcp.* scopes a key made here gets (scopes do not include each other, except mcp.admin).
+const PRESETS = [
+  ["read", ["mcp.read"], "Read only (mcp.read)"],
+  ["manage", ["mcp.read", "mcp.models", "mcp.runtime"], "Read, manage models and run them (mcp.read, mcp.models, mcp.runtime)"],
+  ["admin", ["mcp.admin"], "Everything, keys and settings included (mcp.admin)"],
+];
+
+// "Create a key for this agent": a name, the scopes, and the secret filled into the examples below.
+function keyCard(page, fill) {
+  const today = new Date().toISOString().slice(0, 10);
+  const name = h("input", { name: "name", type: "text", autocomplete: "off", spellcheck: "false",
+    value: `agent ${today}`, maxlength: "128" });
+  const preset = h("select", { name: "scopes" },
+    PRESETS.map(([value, , label]) => h("option", { value }, label)));
+  const button = h("button.button.primary", { type: "submit" }, "Create a key for this agent");
+  const slot = errorSlot();
+  const result = h("div.mcp-key-result");
+  const form = h("form.mcp-key-form", { novalidate: true },
+    field("Key name", name, "To recognise it later on the API keys page."),
+    field("Scopes", preset, "What the agent may do; a key works on /mcp only."),
+    h("div.actions", button), slot);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    showError(slot, null);
+    if (!name.value.trim()) {
+      reportFailure(form, slot, { fieldErrors: { name: "Give the key a name." } });
+      return;
+    }
+    const scopes = PRESETS.find(([value]) => value === preset.value)[1];
+    button.disabled = true;
+    try {
+      const created = await api("POST", "/keys", { name: name.value.trim(), scopes }, { signal: page.signal });
+      form.hidden = true;
+      fill(created.secret);
+      const secret = h("input.secret", { type: "text", readonly: true, "aria-label": "Secret", value: created.secret,
+        spellcheck: "false", autocomplete: "off" });
+      clear(result,
+        h("p", "Key ", h("strong", created.key.name), " created with ",
+          created.key.scopes.map((s, i) => [i ? ", " : "", h("code", s)]), "; its secret is filled in below."),
+        h("div.mcp-secret-row", secret, copyButton(() => secret.value)),
+        h("p.mcp-warning", { role: "status" }, h("strong", "Copy it now: it will not be shown again."),
+          " vllm-use keeps only a hash of it. Leaving this page removes it from the page."));
+    } catch (error) {
+      button.disabled = false;
+      reportFailure(form, slot, error);
+    }
+  });
+  return h("section.card", { "aria-labelledby": "mcp-key" },
+    h("h2#mcp-key", "A key for this agent"),
+    h("p", "An agent needs its own API key with an mcp.* scope. Create one here and it is filled into the "
+      + "examples below, or use one from the ", h("a", { href: "/keys" }, "API keys page"), "."),
+    form, result);
 }
 
 function endpointCard(s) {
@@ -54,21 +116,38 @@ function endpointCard(s) {
 }
 
 function configCard(s) {
-  const config = JSON.stringify({
+  const text = (key) => JSON.stringify({
     mcpServers: {
-      "vllm-use": { type: "http", url: s.endpoint, headers: { Authorization: `Bearer ${KEY_PLACEHOLDER}` } },
+      "vllm-use": { type: "http", url: s.endpoint, headers: { Authorization: `Bearer ${key}` } },
     },
   }, null, 2);
-  return h("section.card", { "aria-labelledby": "mcp-config" },
-    h("div.mcp-card-head", h("h2#mcp-config", "Client configuration"), copyButton(() => config)),
-    h("p", "For an MCP client that speaks streamable HTTP (most take this shape). Replace ",
-      h("code", KEY_PLACEHOLDER), " with an API key that has an mcp.* scope: ",
-      h("a", { href: "/keys" }, "create one on the API keys page"),
-      ". The admin token you signed in with is not accepted on /mcp."),
-    h("pre#mcp-config-json.mcp-code", { tabindex: "0", "aria-label": "Client configuration (JSON)" }, config));
+  const pre = h("pre#mcp-config-json.mcp-code", { tabindex: "0", "aria-label": "Client configuration (JSON)" },
+    text(KEY_PLACEHOLDER));
+  const note = h("p", "For an MCP client that speaks streamable HTTP (most take this shape). Replace ",
+    h("code", KEY_PLACEHOLDER), " with an API key that has an mcp.* scope (create one above). "
+    + "The admin token you signed in with is not accepted on /mcp.");
+  const element = h("section.card", { "aria-labelledby": "mcp-config" },
+    h("div.mcp-card-head", h("h2#mcp-config", "Client configuration"), copyButton(() => pre.textContent)),
+    note, pre);
+  const fill = (key) => {
+    pre.textContent = text(key);
+    clear(note, "For an MCP client that speaks streamable HTTP (most take this shape), with the key just created.");
+  };
+  return { element, fill };
 }
 
 function curlCard(s) {
+  const pre = h("pre#mcp-curl-command.mcp-code", { tabindex: "0", "aria-label": "curl command" }, curlText(s, KEY_PLACEHOLDER));
+  const element = h("section.card", { "aria-labelledby": "mcp-curl" },
+    h("div.mcp-card-head", h("h2#mcp-curl", "Try it with curl"), copyButton(() => pre.textContent)),
+    h("p", "Lists the tools your key may call. Every request needs the MCP-Protocol-Version and Mcp-Method "
+      + "headers and the same protocol version in params._meta; a tools/call also needs an Mcp-Name header "
+      + "equal to the tool's name."),
+    pre);
+  return { element, fill: (key) => { pre.textContent = curlText(s, key); } };
+}
+
+function curlText(s, key) {
   const version = s.protocol_version;
   // Valid JSON across lines (the shell keeps the newlines inside the quotes), as in the README.
   const body = [
@@ -76,8 +155,8 @@ function curlCard(s) {
     `       "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "${version}",`,
     `                            "io.modelcontextprotocol/clientCapabilities": {}}}}`,
   ].join("\n");
-  const command = [
-    `KEY='${KEY_PLACEHOLDER}'`,
+  return [
+    `KEY='${key}'`,
     `curl -s '${s.endpoint}' \\`,
     `  -H "Authorization: Bearer $KEY" \\`,
     "  -H 'Accept: application/json, text/event-stream' \\",
@@ -86,12 +165,6 @@ function curlCard(s) {
     "  -H 'Mcp-Method: tools/list' \\",
     `  -d '${body}'`,
   ].join("\n");
-  return h("section.card", { "aria-labelledby": "mcp-curl" },
-    h("div.mcp-card-head", h("h2#mcp-curl", "Try it with curl"), copyButton(() => command)),
-    h("p", "Lists the tools your key may call. Every request needs the MCP-Protocol-Version and Mcp-Method "
-      + "headers and the same protocol version in params._meta; a tools/call also needs an Mcp-Name header "
-      + "equal to the tool's name."),
-    h("pre#mcp-curl-command.mcp-code", { tabindex: "0", "aria-label": "curl command" }, command));
 }
 
 // The scopes, each with the tools it gives (read from GET /api/methods, so it matches the server).
