@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.support import deployments
-from tests.support.browser import Watched, new_page, sign_in
+from tests.support.browser import Watched, new_page, screenshot, sign_in
 from tests.support.server import eventually
 from tests.support.stack import FAST_REPO, SLOW_REPO, Stack, console_stack
 
@@ -72,6 +72,7 @@ def test_add_model_downloads_at_once_and_the_row_offers_deploy(watched: Watched,
     row = page.locator("tr", has_text=SLOW_REPO)
     expect(row.get_by_text("downloading", exact=True)).to_be_visible()  # no separate Download step
     expect(row.locator(".model-progress")).to_have_text(re.compile(r"^(starting|queued|\d+ %|.*B)$"))
+    screenshot(page, "models-add-downloading")
     expect(row).to_have_attribute("data-status", "ready", timeout=60_000)
     expect(row.get_by_text("downloaded", exact=True)).to_be_visible()
     (model,) = models_named(stack, SLOW_REPO)
@@ -96,6 +97,7 @@ def test_a_mistyped_repository_shows_the_hubs_answer_and_registers_nothing(
         "acme/tiny-chatt was not found on the hub (check the spelling"
     )
     expect(page.locator("input[name='source']")).to_have_attribute("aria-invalid", "true")
+    screenshot(page, "models-add-not-found")
     assert models_named(stack, "acme/tiny-chatt") == []
     expect(page.locator("tr", has_text="acme/tiny-chatt")).to_have_count(0)
 

@@ -95,11 +95,15 @@ class AddArgs(Args):
         description="a Hugging Face repository (owner/name: checked on the hub, registered and downloaded "
         "at once) or a directory directly under the models root (a plain name or an absolute path)",
     )
-    revision: Revision | None = Field(default=None, description="for a repository: default main")
+    revision: Revision | None = Field(
+        default=None,
+        description="for a repository (default main): a branch, tag or commit, no spaces or control "
+        "characters, not starting with '-'",
+    )
     token: Token | None = Field(
         default=None,
-        description="for a gated or private repository: used for the hub check and this download only; "
-        "never stored or logged",
+        description="for a gated or private repository, printable ASCII: used for the hub check and this "
+        "download only; never stored or logged",
     )
     name: ModelName | None = Field(
         default=None, description="default: the repository or the directory's name"
@@ -247,12 +251,9 @@ async def add(call: Call, args: AddArgs) -> dict[str, Any]:
             "source",
             "a Hugging Face repository is owner/name (letters, digits, '-', '_', '.'), e.g. acme/tiny-chat",
         ) from None
-    revision = args.revision or "main"
+    revision = records.validate_revision(args.revision or "main")
     name = records.validate_name(args.name) if args.name is not None else repository
-    try:
-        await asyncio.wait_for(in_executor(hub.check, repository, revision, args.token), HUB_CHECK_TIMEOUT_S)
-    except TimeoutError:
-        raise hub.unreachable(f"no answer within {HUB_CHECK_TIMEOUT_S:.0f} s") from None
+    # A repository already registered at this revision: say so before asking the hub.
     existing = await call.app.db.query(store.model_rows)
     for row in existing:
         same = records.parse_row(row)
@@ -262,6 +263,11 @@ async def add(call: Call, args: AddArgs) -> dict[str, Any]:
                 "use its row on the Models page (Download, Retry or Delete)",
                 loc=["source"],
             )
+    # Only what the hub says may be downloaded is saved (models/hub.py); it runs in the executor.
+    try:
+        await asyncio.wait_for(in_executor(hub.check, repository, revision, args.token), HUB_CHECK_TIMEOUT_S)
+    except TimeoutError:
+        raise hub.unreachable(f"no answer within {HUB_CHECK_TIMEOUT_S:.0f} s") from None
     model_id = uuid.uuid4().hex
     record = new_record(name, "huggingface", model_id, id=model_id, repository=repository, revision=revision)
     if not await call.app.db.query(store.insert_model, record):
@@ -274,9 +280,12 @@ async def add(call: Call, args: AddArgs) -> dict[str, Any]:
 
 def records_word(status: ModelStatus) -> str:
     """The console's word for a model's status (static/js/states.js), for messages."""
-    return {ModelStatus.READY: "downloaded", ModelStatus.REGISTERED: "not downloaded"}.get(
-        status, str(status)
-    )
+    words = {
+        ModelStatus.READY: "downloaded",
+        ModelStatus.REGISTERED: "not downloaded",
+        ModelStatus.ERROR: "failed",
+    }
+    return words.get(status, str(status))
 
 
 async def scan(call: Call, args: NoArgs) -> dict[str, Any]:

@@ -149,7 +149,7 @@ function startForm(signal, models, onStarted) {
     h("h2#download-start-title", "Start a download"),
     h("div.form-row",
       field("Model", select, ["Hugging Face models registered on the ", h("a", { href: "/models" }, "Models page"),
-        ". Only a registered, failed or canceled model can be downloaded."]),
+        ". Only a model not downloaded yet, or whose download failed or was canceled, can be downloaded."]),
       field("Access token (optional)", token, "For gated or private repositories. Used for this download "
         + "only: handed to hf, never stored or logged.")),
     nothing,
