@@ -192,7 +192,10 @@ function modelRow(model, { task, users, signal, refresh, onDelete }) {
       onclick: followInPage,
     }, "Download"));
   }
-  if (hub && failedTask) {
+  if (model.status === "downloading") {
+    // The server refuses a delete while it downloads: cancel (and see the log) on the Downloads page.
+    actions.push(h("a.button.small", { href: "/downloads", "data-action": "downloads" }, "Downloads"));
+  } else if (hub && failedTask) {
     actions.push(h("button.button.small", { type: "button", "data-action": "remove", onclick: async () => {
       if (users.length) {
         showError(rowError, `${model.name} can't be removed: it is used by ${describeUsers(users)}.`);
