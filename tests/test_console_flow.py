@@ -13,6 +13,7 @@ says where: `.cache/screenshots/` in a test run, `docs/screenshots/` under `make
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 
@@ -92,19 +93,8 @@ def test_an_operators_day_from_sign_in_to_a_disabled_key(watched: Watched, stack
     page.locator("form.add-model-form input[name='source']").fill(SLOW_REPO)
     page.get_by_role("button", name="Add model", exact=True).click()
     row = page.locator("tr", has_text=SLOW_REPO)
-    progress = row.locator(".model-progress")
-    seen: set[str] = set()
-
-    def watch() -> bool:
-        if progress.count():
-            seen.add(progress.inner_text())
-        return row.get_attribute("data-status") == "ready"
-
-    for _ in range(600):
-        if watch():
-            break
-        page.wait_for_timeout(50)
-    assert any(p.endswith(" %") and p not in ("0 %", "100 %") for p in seen), f"no progress shown: {seen}"
+    expect(row.locator(".model-progress")).to_have_text(re.compile(r"^[1-9][0-9]? %$"), timeout=60_000)
+    expect(row).to_have_attribute("data-status", "ready", timeout=60_000)
     expect(row.get_by_text("downloaded", exact=True)).to_be_visible()
 
     # Nothing runs: the overview's "Start a model" leads to the deployments page, which links to the
