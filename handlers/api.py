@@ -64,6 +64,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/gpus", "gpu.list"),
     Route("GET", "/api/models", "models.list"),
     Route("GET", "/api/models/{id}", "models.get"),
+    Route("POST", "/api/models", "models.add", status=201, body="object"),
     Route("POST", "/api/models/local", "models.register_local", status=201, body="object"),
     Route("POST", "/api/models/huggingface", "models.register_huggingface", status=201, body="object"),
     Route("POST", "/api/models/scan", "models.scan"),

@@ -1,7 +1,7 @@
 """The console end to end in a real Chromium (issue 6 acceptance), against a real server with the fake
 `vllm` and the real `hf` on a fake hub (tests/support/stack.py).
 
-One operator's day, in order: sign in → register a Hugging Face model → download it with live
+One operator's day, in order: sign in → add a Hugging Face model, which downloads at once with live
 progress → from the overview's first-run checklist ("Deploy"), through the deployments page to the Runtime page,
 switch the runtime to it and see it ready (the start answers 202; the runtime's event stream brings
 `ready` and the log; the top bar counts it once) → create an `inference` key and read its secret
@@ -13,6 +13,7 @@ says where: `.cache/screenshots/` in a test run, `docs/screenshots/` under `make
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 
@@ -87,36 +88,14 @@ def curl_models(stack: Stack, secret: str) -> int:
 
 def test_an_operators_day_from_sign_in_to_a_disabled_key(watched: Watched, stack: Stack) -> None:
     page = watched.page
-    # Register a Hugging Face model.
+    # Add a Hugging Face model: its download starts at once, its row shows the progress live.
     nav(page, "Models")
-    page.get_by_label("Repository").fill(SLOW_REPO)
-    page.get_by_role("button", name="Register", exact=True).click()
+    page.locator("form.add-model-form input[name='source']").fill(SLOW_REPO)
+    page.get_by_role("button", name="Add model", exact=True).click()
     row = page.locator("tr", has_text=SLOW_REPO)
-    expect(row.get_by_text("registered", exact=True)).to_be_visible()
-
-    # Download it, watching the progress bar move.
-    row.get_by_role("link", name="Download").click()
-    expect(page.get_by_role("heading", name="Downloads", level=1)).to_be_visible()
-    expect(page.get_by_label("Model", exact=True)).to_have_value(
-        stack.server.fetch("/api/models").json()["models"][0]["id"]
-    )
-    page.get_by_role("button", name="Start download").click()
-    expect(page.get_by_label("Access token (optional)")).to_have_value("")
-    bar = page.get_by_role("progressbar").first
-    seen: set[int] = set()
-
-    def progress() -> bool:
-        value = bar.get_attribute("aria-valuenow")
-        if value is not None:
-            seen.add(int(value))
-        return bool(page.get_by_text("succeeded", exact=True).count())
-
-    for _ in range(600):
-        if progress():
-            break
-        page.wait_for_timeout(50)
-    assert any(0 < v < 100 for v in seen), f"no intermediate progress was shown: {sorted(seen)}"
-    expect(page.get_by_text("succeeded", exact=True).first).to_be_visible()
+    expect(row.locator(".model-progress")).to_have_text(re.compile(r"^[1-9][0-9]? %$"), timeout=60_000)
+    expect(row).to_have_attribute("data-status", "ready", timeout=60_000)
+    expect(row.get_by_text("downloaded", exact=True)).to_be_visible()
 
     # Nothing runs: the overview's checklist leads to the deployments page ("Deploy"), which links to
     # the Runtime page, where one model runs alone.
@@ -171,17 +150,18 @@ def test_bad_input_shows_the_servers_error_next_to_the_field(watched: Watched) -
     page = watched.page
     watched.expect_http_error(400)
     nav(page, "Models")
-    form = page.locator("form", has=page.get_by_role("button", name="Register", exact=True))
-    form.get_by_label("Repository").fill("acme/other")
+    form = page.locator("form.add-model-form")
+    form.locator("input[name='source']").fill("acme/other")
+    form.get_by_text("More options").click()
     form.get_by_label("Revision").fill("--help")
-    form.get_by_role("button", name="Register", exact=True).click()
+    form.get_by_role("button", name="Add model", exact=True).click()
     revision_error = form.locator(".field", has=page.get_by_label("Revision")).get_by_role("alert")
     expect(revision_error).to_contain_text("not starting with '-'")
     expect(form.get_by_label("Revision")).to_have_attribute("aria-invalid", "true")
 
     form.get_by_label("Revision").fill("main")
     form.get_by_label("Name (optional)").fill("n" * 300)
-    form.get_by_role("button", name="Register", exact=True).click()
+    form.get_by_role("button", name="Add model", exact=True).click()
     name_error = form.locator(".field", has=page.get_by_label("Name (optional)")).get_by_role("alert")
     expect(name_error).to_contain_text("at most 256 characters")
     expect(page.locator("tr", has_text="acme/other")).to_have_count(0)  # nothing was registered

@@ -1022,3 +1022,18 @@ def test_logs_tail_returns_only_the_last_lines(launch: Launch, hub: FakeHub) -> 
     assert tail.status_code == 200, tail.text
     assert tail.json()["lines"] == every[-2:]
     assert bad.status_code == 400 and names_field(bad, "tail")
+
+
+# --- the time estimate (issue 17, finding 10) --------------------------------------------------------
+
+
+def test_no_time_estimate_until_the_rate_is_measured_over_enough_time_and_bytes() -> None:
+    from vllm_use.downloads.manager import ESTIMATE_AFTER_BYTES, ESTIMATE_AFTER_S, estimate_s
+
+    # hf's first second: a few kB of metadata at a few kB/s, 24 MiB to go → was "3 d 15 h left"-like.
+    assert estimate_s(24 * MiB, rate=80.0, window_s=1.0, moved=4 * KiB) is None
+    assert estimate_s(24 * MiB, rate=8 * MiB, window_s=ESTIMATE_AFTER_S - 0.1, moved=40 * MiB) is None
+    assert estimate_s(24 * MiB, rate=100 * KiB, window_s=60.0, moved=ESTIMATE_AFTER_BYTES - 1) is None
+    assert estimate_s(None, rate=8 * MiB, window_s=60.0, moved=40 * MiB) is None
+    assert estimate_s(24 * MiB, rate=0.0, window_s=60.0, moved=40 * MiB) is None
+    assert estimate_s(24 * MiB, rate=8 * MiB, window_s=ESTIMATE_AFTER_S, moved=ESTIMATE_AFTER_BYTES) == 3.0

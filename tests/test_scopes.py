@@ -26,6 +26,7 @@ EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
     "gpu.list": READ,
     "models.list": READ,
     "models.get": READ,
+    "models.add": ("admin.write", "mcp.models"),
     "models.register_local": ("admin.write", "mcp.models"),
     "models.register_huggingface": ("admin.write", "mcp.models"),
     "models.scan": ("admin.write", "mcp.models"),

@@ -6,6 +6,8 @@ REV --local-dir DIR`` asks for, with the status codes, headers and JSON bodies t
     GET  /api/models/{repo}[/revision/{rev}]            model info: ``sha``, ``siblings`` (``?blobs=true``: sizes)
     GET  /api/models/{repo}/tree/{rev}[/{dir}]          ``?recursive=true&expand=…``; paginated with a
                                                         ``Link: <…&cursor=N>; rel="next"`` header
+    GET  /api/models/{repo}/auth-check                  200 when the token may download the repo, else
+                                                        the errors below (``HfApi.auth_check``)
     HEAD|GET /{repo}/resolve/{rev}/{path}               regular file: 200 with ``ETag`` (git blob id),
                                                         ``X-Repo-Commit``, ``Content-Length``; ``Range`` → 206
                                                         LFS file: 302 to the "CDN" with ``X-Linked-Etag``
@@ -18,6 +20,8 @@ Errors, as the Hub does them (huggingface_hub reads ``X-Error-Code``, then the J
     unknown or ``missing()`` repo, no token     401  X-Error-Code: RepoNotFound  "Invalid username or password."
     unknown or ``missing()`` repo, any token    404  X-Error-Code: RepoNotFound  "Repository not found"
     ``require_token`` repo, no token            401  RepoNotFound (private) or GatedRepo (``gated=True``)
+                                                 but a gated repo's model info and file list are public,
+                                                 as on the Hub (model info says ``"gated": "manual"``)
     ``require_token`` repo, another token       401  X-Error-Message: "Invalid credentials in Authorization header"
     unknown revision                            404  X-Error-Code: RevisionNotFound
     unknown file                                404  X-Error-Code: EntryNotFound (with X-Repo-Commit)
@@ -463,8 +467,11 @@ class FakeHub:
         else:
             h.send_json(404, {"error": "Sorry, we can't find the page you are looking for."})
 
-    def _authorize(self, h: _Handler, repo_id: str) -> _Repo | None:
-        """The repo if the request may see it; otherwise send the Hub's answer and return None."""
+    def _authorize(self, h: _Handler, repo_id: str, *, metadata: bool = False) -> _Repo | None:
+        """The repo if the request may see it; otherwise send the Hub's answer and return None.
+
+        `metadata`: model info and the file list, which the Hub shows anyone for a gated repository
+        (only its files need access)."""
         auth = h.headers.get("Authorization")
         with self._lock:
             repo = None if repo_id in self._missing else self._repos.get(repo_id)
@@ -477,7 +484,7 @@ class FakeHub:
             return None
         if required is not None:
             token, gated = required
-            if auth == f"Bearer {token}":
+            if auth == f"Bearer {token}" or (gated and metadata and not auth):
                 return repo
             if auth:
                 h.send_error_json(401, None, "Invalid credentials in Authorization header")
@@ -501,13 +508,17 @@ class FakeHub:
         return "/".join(parts[:2]), parts[2:]
 
     def _api_models(self, h: _Handler, parts: list[str], query: dict[str, str]) -> None:
-        repo_id, rest = self._split_repo(parts, ("revision", "tree"))
+        repo_id, rest = self._split_repo(parts, ("revision", "tree", "auth-check"))
+        if rest == ["auth-check"]:
+            if self._authorize(h, repo_id) is not None:
+                h.send_json(200, {"access": True})
+            return
         if not rest:
             rest = ["revision", "main"]
         if rest[0] not in ("revision", "tree") or len(rest) < 2:
             h.send_json(404, {"error": "Sorry, we can't find the page you are looking for."})
             return
-        repo = self._authorize(h, repo_id)
+        repo = self._authorize(h, repo_id, metadata=True)
         if repo is None:
             return
         revision = unquote(rest[1])
@@ -540,8 +551,8 @@ class FakeHub:
             "sha": sha,
             "lastModified": _DATE,
             "createdAt": _DATE,
-            "private": repo_id in self._tokens,
-            "gated": False,
+            "private": repo_id in self._tokens and not self._tokens[repo_id][1],
+            "gated": "manual" if repo_id in self._tokens and self._tokens[repo_id][1] else False,
             "disabled": False,
             "downloads": 0,
             "likes": 0,

@@ -15,6 +15,11 @@ under the target directory (partial files included), measured every
 progress for `stall_after_s` marks the task stalled (it keeps running; cancel
 works at any moment).
 
+The time estimate (`eta_s`) stays null until the rate has been measured over at
+least `ESTIMATE_AFTER_S` and `ESTIMATE_AFTER_BYTES` since bytes started to move
+(`estimate_s`): hf's first seconds write only metadata, and a rate taken from
+them gave estimates like "3 d 15 h left" for a download that took a minute.
+
 Before `hf` starts, that total (when the hub tells it) is compared with the free
 space of the models dir: a download that can't fit fails at once ("not enough
 disk space: needs …, … free in …") instead of filling the disk. `hf` runs in the
@@ -55,6 +60,8 @@ PERSIST_PROGRESS_S = 5.0
 TERM_GRACE_S = 3.0
 REAP_CAP_S = 10.0
 ERROR_MAX = 64 * 1024
+ESTIMATE_AFTER_S = 5.0  # estimate_s: the least measuring time …
+ESTIMATE_AFTER_BYTES = 1024 * 1024  # … and bytes moved, before an ETA is given
 HUB_TOTAL_TIMEOUT_S = 30.0  # the size is only a check: a slow hub costs the check, not the download
 
 Listener = Callable[[dict[str, Any]], None]
@@ -68,6 +75,17 @@ class Progress:
     stalled: bool = False
     last_change: float = field(default_factory=time.monotonic)
     last_sample: tuple[float, int] | None = None
+    since: tuple[float, int] | None = None  # the sample just before bytes first moved: the rate's window
+
+
+def estimate_s(remaining: int | None, rate: float, window_s: float, moved: int) -> float | None:
+    """Seconds left, or None until the rate means something: measured over at least
+    `ESTIMATE_AFTER_S` seconds and `ESTIMATE_AFTER_BYTES` bytes (docs/models-and-downloads.md)."""
+    if remaining is None or remaining < 0 or rate <= 0:
+        return None
+    if window_s < ESTIMATE_AFTER_S or moved < ESTIMATE_AFTER_BYTES:
+        return None
+    return round(remaining / rate, 1)
 
 
 @dataclass
@@ -132,9 +150,11 @@ class DownloadManager:
         out["rate_bytes_per_s"] = round(rate, 1)
         out["stalled"] = bool(progress and progress.stalled)
         remaining = (total - out["bytes_done"]) if total is not None else None
-        out["eta_s"] = (
-            round(remaining / rate, 1) if remaining is not None and rate > 0 and remaining >= 0 else None
-        )
+        out["eta_s"] = None
+        if progress is not None and progress.since is not None:
+            then, before = progress.since
+            window = (progress.last_sample[0] if progress.last_sample else then) - then
+            out["eta_s"] = estimate_s(remaining, rate, window, progress.done - before)
         out["queue_position"] = self._queue.index(record.id) + 1 if record.id in self._queue else None
         return out
 
@@ -393,6 +413,8 @@ class DownloadManager:
             changed = done != progress.done
             if changed:
                 progress.last_change = now
+                if progress.since is None and progress.last_sample is not None:
+                    progress.since = progress.last_sample
             if progress.last_sample is not None:
                 then, before = progress.last_sample
                 instant = max(done - before, 0) / max(now - then, 1e-6)

@@ -25,23 +25,23 @@ log = logging.getLogger(__name__)
 QUARANTINE = ".quarantine"
 
 
-def resolve_local_dir(root: Path, path: str) -> str:
+def resolve_local_dir(root: Path, path: str, field: str = "path") -> str:
     """The directory name for `path` (absolute or relative to the root), which must be a real
     subdirectory directly under the root: not the root, not a symlink, not escaping it."""
     if not path or "\0" in path or has_control(path) or len(path) > 4096:
-        raise invalid("path", "a directory path without control characters")
+        raise invalid(field, "a directory path without control characters")
     candidate = Path(path) if os.path.isabs(path) else root / path
     normal = Path(os.path.normpath(candidate))
     if normal.parent != root or not valid_dir_name(normal.name):
-        raise invalid("path", f"must name a directory directly under the models root {root}")
+        raise invalid(field, f"must name a directory directly under the models root {root}")
     try:
         info = os.lstat(normal)
     except FileNotFoundError:
-        raise invalid("path", f"{normal} does not exist") from None
+        raise invalid(field, f"{normal} does not exist") from None
     if stat.S_ISLNK(info.st_mode):
-        raise invalid("path", f"{normal} is a symbolic link; register the real directory")
+        raise invalid(field, f"{normal} is a symbolic link; register the real directory")
     if not stat.S_ISDIR(info.st_mode):
-        raise invalid("path", f"{normal} is not a directory")
+        raise invalid(field, f"{normal} is not a directory")
     return normal.name
 
 

@@ -1,24 +1,35 @@
-// Downloads: fetch registered Hugging Face models into the models directory with the hf CLI.
+// Downloads: fetch registered Hugging Face models into the models directory with the hf CLI
+// (docs/console.md, "Downloads"; the Models page's "Add model" starts a download by itself).
 //   - "Start a download": POST /api/downloads {model_id, token?}; the models to choose from come
 //     from GET /api/models (the ?model=<id> of the address preselects one). The token is sent
-//     once and the field is emptied as soon as the request has left.
-//   - The tasks (GET /api/downloads), newest first, each with its status, progress, rate, ETA,
-//     a "stalled" marker, Cancel (POST /api/downloads/{id}/cancel), Retry (POST …/{id}/retry) and
-//     Logs (GET /api/downloads/{id}/logs).
+//     once and the field is emptied as soon as the request has left. When no model is left to
+//     download the form says so and points to the Models page.
+//   - The tasks (GET /api/downloads), newest first, each with its state (states.js words: queued,
+//     downloading, downloaded, failed, canceled), progress, rate, the server's time estimate (null
+//     until the rate is measured: docs/models-and-downloads.md), a "stalled" marker, Cancel (POST
+//     /api/downloads/{id}/cancel), Retry (POST …/{id}/retry) and Logs (GET /api/downloads/{id}/logs);
+//     a finished one offers Deploy (→ /deployments?model=<id>), a failed one Remove (the model and
+//     its partial files, after a confirm).
 // Live progress comes from the Server-Sent Events of GET /api/downloads/events (`event: task`,
 // data {type: "task", task}); each card is updated in place. The stream reconnects 2 s after it
 // ends, and the list is also polled every 5 s.
 //
 // DOM hooks for tests: each task is <article class="download" data-download-id="…"
-// data-model-id="…" data-status="…" data-stalled="true|false">; its log is <pre class="log">.
-import { api, events } from "../api.js";
-import { badge, clear, empty, errorSlot, every, field, formatBytes, formatDuration, formatTime, h, humanError, pageHeader, placeholder, progressBar, reportFailure, setProgress, showError, showFieldErrors, sleep, toast } from "../ui.js";
+// data-model-id="…" data-status="…" data-stalled="true|false">; its log is <pre class="log">;
+// the finished card's <a data-action="deploy">, the failed card's <button data-action="remove">.
+import { api } from "../api.js";
+import { clear, empty, errorSlot, every, field, formatBytes, formatDuration, formatTime, h, humanError, pageHeader, placeholder, progressBar, reportFailure, setProgress, showError, showFieldErrors, toast } from "../ui.js";
+import { modelWord, stateBadge } from "../states.js";
+import { deployLink, followDownloads, removeModel } from "./model-actions.js";
 
 const ACTIVE = new Set(["pending", "running"]);
 const RETRYABLE = new Set(["failed", "canceled"]);
 // Model statuses downloads.start accepts.
-const DOWNLOADABLE = new Set(["registered", "failed", "canceled"]);
-const RECONNECT_MS = 2000;
+const DOWNLOADABLE = new Set(["registered", "failed", "error", "canceled"]);
+// A task's state in the console's words (static/js/states.js): its model's files, as on Models.
+const TASK_WORD = { pending: "queued", running: "downloading", succeeded: "downloaded", failed: "failed",
+  canceled: "canceled" };
+const taskWord = (status) => TASK_WORD[status] || String(status || "unknown");
 
 export async function render(root, page) {
   const { signal } = page;
@@ -27,23 +38,22 @@ export async function render(root, page) {
   const list = h("div.download-list", placeholder(4));
   const listError = h("p.error-text", { role: "alert", hidden: true });
   const live = h("p.download-live.muted", "Live updates are on.");
-  const emptyState = empty("No downloads yet. Register a Hugging Face model on the Models page, then start "
-    + "its download here.", h("a.button", { href: "/models" }, "Go to Models"));
+  const emptyState = empty("No downloads yet. Add a model on the Models page: its download starts at once "
+    + "and shows here.", h("a.button", { href: "/models" }, "Add a model"));
   const start = startForm(signal, models, (task) => upsert(task));
 
-  root.append(
+  root.append(h("div.downloads-page",
     pageHeader("Downloads", "Fetch registered Hugging Face models into the models directory; progress updates live."),
     start.form,
     h("section.download-section", { "aria-labelledby": "downloads-list-title" },
       h("div.download-section-head", h("h2#downloads-list-title", "Downloads"), live),
-      listError, list),
-  );
+      listError, list)));
 
   let modelsLoaded = false;
-  // The model's name; `gone` once the list is known and the model is not in it (deleted).
+  // The model's name and status; `gone` once the list is known and the model is not in it (deleted).
   const nameOf = (modelId) => (models.has(modelId)
-    ? { name: models.get(modelId).name, gone: false }
-    : { name: null, gone: modelsLoaded });
+    ? { name: models.get(modelId).name, status: models.get(modelId).status, gone: false }
+    : { name: null, status: null, gone: modelsLoaded });
 
   // One task snapshot: update its card in place, or add a card where it belongs (newest first).
   const upsert = (task) => {
@@ -51,7 +61,7 @@ export async function render(root, page) {
     if (card) {
       card.update(task);
     } else {
-      card = downloadCard(task, { signal, nameOf });
+      card = downloadCard(task, { signal, nameOf, onRemoved: refresh });
       cards.set(task.id, card);
       const older = [...list.querySelectorAll(".download")]
         .find((el) => cards.get(el.dataset.downloadId).task().created_at < task.created_at);
@@ -113,7 +123,7 @@ export async function render(root, page) {
 
   await refresh();
   every(5000, refresh, page);
-  follow(signal, (task) => {
+  followDownloads(signal, (task) => {
     const card = upsert(task);
     card.eventAt = performance.now();
   }, (on) => {
@@ -121,29 +131,6 @@ export async function render(root, page) {
       : "Live updates were interrupted; reconnecting… The list still refreshes every 5 s.";
     live.classList.toggle("lost", !on);
   });
-}
-
-// Follow the event stream until the page is left; reconnect RECONNECT_MS after it ends or fails.
-async function follow(signal, onTask, onState) {
-  while (!signal.aborted) {
-    // events() says nothing when it connects: a stream still open after a second counts as on.
-    const settled = setTimeout(() => onState(true), 1000);
-    try {
-      await events("/downloads/events", (type, data) => {
-        if (type !== "task" || !data || !data.task) return;
-        onState(true);
-        onTask(data.task);
-      }, { signal });
-    } catch (error) {
-      if (signal.aborted || error.name === "AbortError") return;
-      if (error.status === 401) return; // main.js shows the sign-in page
-    } finally {
-      clearTimeout(settled);
-    }
-    if (signal.aborted) return;
-    onState(false); // failed, or the server closed the stream (it is stopping): try again
-    await sleep(RECONNECT_MS, signal);
-  }
 }
 
 // --- the start form ------------------------------------------------------------------------------
@@ -156,13 +143,16 @@ function startForm(signal, models, onStarted) {
   const submit = h("button.button.primary", { type: "submit" }, "Start download");
   const error = errorSlot();
   const note = h("p.hint.download-model-note", { hidden: true });
+  // Why the picker offers nothing (every model downloaded, or none registered), with the way on.
+  const nothing = h("p.download-nothing", { role: "status", hidden: true });
   const form = h("form.card.download-form", { novalidate: true },
     h("h2#download-start-title", "Start a download"),
     h("div.form-row",
       field("Model", select, ["Hugging Face models registered on the ", h("a", { href: "/models" }, "Models page"),
-        ". Only a registered, failed or canceled model can be downloaded."]),
+        ". Only a model not downloaded yet, or whose download failed or was canceled, can be downloaded."]),
       field("Access token (optional)", token, "For gated or private repositories. Used for this download "
         + "only: handed to hf, never stored or logged.")),
+    nothing,
     note,
     h("div.actions", submit, error));
 
@@ -175,19 +165,32 @@ function startForm(signal, models, onStarted) {
     if (key === shown) return;
     shown = key;
     const previous = select.value;
+    const startable = options.filter((o) => !o.disabled);
     if (!options.length) {
       clear(select, h("option", { value: "" }, "No Hugging Face model is registered"));
+      clear(nothing, "No Hugging Face model is registered yet. ",
+        h("a", { href: "/models" }, "Add a model on the Models page"), ": its download starts at once.");
+    } else if (!startable.length) {
+      // Every option disabled used to leave the select looking blank: say why instead.
+      const all = hub.every((m) => m.status === "ready");
+      clear(select, h("option", { value: "" }, all ? "Every registered model is downloaded" : "Nothing to download now"),
+        options.map((o) => h("option", { value: o.id, disabled: true }, o.label)));
+      select.value = "";
+      clear(nothing, all ? "Every registered model is downloaded. " : "No registered model can be downloaded "
+        + "now (each is downloading or downloaded). ",
+      h("a", { href: "/models" }, "Add another model on the Models page"), ".");
     } else {
       clear(select, options.map((o) => h("option", { value: o.id, disabled: o.disabled }, o.label)));
-      const choice = [first && wanted, previous].find((id) => id && options.some((o) => o.id === id && !o.disabled))
-        || (options.find((o) => !o.disabled) || {}).id || "";
+      const choice = [first && wanted, previous].find((id) => id && startable.some((o) => o.id === id))
+        || startable[0].id;
       select.value = choice;
     }
+    nothing.hidden = startable.length > 0;
     if (first && wanted) {
       const asked = all.find((m) => m.id === wanted);
       const why = !asked ? "The model named in the address is not registered."
         : asked.source !== "huggingface" ? `${asked.name} is a local model; only Hugging Face models are downloaded.`
-          : !DOWNLOADABLE.has(asked.status) ? `${asked.name} is ${asked.status}; it cannot be downloaded now.` : "";
+          : !DOWNLOADABLE.has(asked.status) ? `${asked.name} is ${modelWord(asked.status)}; it cannot be downloaded now.` : "";
       note.hidden = !why;
       note.textContent = why;
     }
@@ -229,14 +232,14 @@ function startForm(signal, models, onStarted) {
 
 function optionLabel(m) {
   const what = m.name === m.repository ? m.repository : `${m.name} (${m.repository})`;
-  return `${what} @ ${m.revision} — ${m.status}`;
+  return `${what} @ ${m.revision} — ${modelWord(m.status)}`;
 }
 
 // --- one task ------------------------------------------------------------------------------------
 
 let cardCount = 0;
 
-function downloadCard(initial, { signal, nameOf }) {
+function downloadCard(initial, { signal, nameOf, onRemoved }) {
   const n = ++cardCount;
   let task = initial;
   let sample = null; // {t, done}: the last progress seen, for a client-side rate when the server has none
@@ -256,6 +259,8 @@ function downloadCard(initial, { signal, nameOf }) {
   const times = h("p.download-times.muted");
   const cancel = h("button.button.small", { type: "button" }, "Cancel");
   const retry = h("button.button.small", { type: "button" }, "Retry");
+  const remove = h("button.button.small", { type: "button", "data-action": "remove" }, "Remove");
+  const deploySlot = h("span.download-deploy");
   const logsButton = h("button.button.small", { type: "button", "aria-expanded": "false",
     "aria-controls": `download-${n}-log` }, "Logs");
   const actionError = errorSlot();
@@ -265,7 +270,7 @@ function downloadCard(initial, { signal, nameOf }) {
     h("div.download-head", title, statusSlot, stalled, gone),
     h("p.download-source", source, " ", idText),
     bar, numbers, stalledNote, failure, times,
-    h("div.actions", cancel, retry, logsButton, actionError),
+    h("div.actions", deploySlot, cancel, retry, remove, logsButton, actionError),
     log);
   el.dataset.downloadId = initial.id;
 
@@ -308,7 +313,7 @@ function downloadCard(initial, { signal, nameOf }) {
     const model = nameOf(t.model_id);
     title.textContent = model.name || t.repository;
     gone.hidden = !model.gone;
-    clear(statusSlot, badge(t.status));
+    clear(statusSlot, stateBadge(taskWord(t.status)));
     stalled.hidden = !t.stalled;
     stalledNote.hidden = !t.stalled;
     source.textContent = `${t.repository}@${t.revision}`;
@@ -330,6 +335,10 @@ function downloadCard(initial, { signal, nameOf }) {
     const focused = el.contains(document.activeElement) ? document.activeElement : null;
     cancel.hidden = !ACTIVE.has(t.status);
     retry.hidden = !RETRYABLE.has(t.status) || model.gone; // retry needs the model's record
+    remove.hidden = t.status !== "failed" || model.gone || model.name === null;
+    // The next step: a finished download's model can be deployed (while it is still registered).
+    const deployable = t.status === "succeeded" && model.status === "ready";
+    if (deployable !== Boolean(deploySlot.firstChild)) clear(deploySlot, deployable ? deployLink(t.model_id) : null);
     // A button that just disappeared had the focus: hand it to the one that replaced it.
     if (focused && focused.hidden) visibleAction().focus();
   }
@@ -338,8 +347,9 @@ function downloadCard(initial, { signal, nameOf }) {
     if (t.status !== "running") return { rate: null, eta: null };
     const server = typeof t.rate_bytes_per_s === "number" && t.rate_bytes_per_s > 0 ? t.rate_bytes_per_s : null;
     const rate = server ?? (clientRate && clientRate > 0 ? clientRate : null);
-    let eta = typeof t.eta_s === "number" ? t.eta_s : null;
-    if (eta === null && rate && t.bytes_total) eta = Math.max(0, t.bytes_total - t.bytes_done) / rate;
+    // Only the server's estimate: it is null until the rate has been measured over enough time and
+    // bytes (docs/models-and-downloads.md), so no "3 d 15 h left" from hf's first second.
+    const eta = typeof t.eta_s === "number" ? t.eta_s : null;
     return { rate, eta };
   }
 
@@ -350,6 +360,19 @@ function downloadCard(initial, { signal, nameOf }) {
       return;
     }
     act(cancel, `/downloads/${encodeURIComponent(task.id)}/cancel`, undefined, "Not canceled");
+  });
+  remove.addEventListener("click", async () => {
+    showError(actionError, null);
+    try {
+      if (await removeModel(title.textContent, task.model_id)) {
+        toast(`Removed ${title.textContent}.`, "ok");
+        await onRemoved();
+      }
+    } catch (err) {
+      if (err.name === "AbortError" || err.status === 401) return;
+      showError(actionError, `Not removed: ${humanError(err)}`);
+    }
+    if (el.isConnected && !document.querySelector("dialog[open]")) visibleAction().focus();
   });
   retry.addEventListener("click", () => {
     act(retry, `/downloads/${encodeURIComponent(task.id)}/retry`, {}, "Not retried");
@@ -374,7 +397,7 @@ function downloadCard(initial, { signal, nameOf }) {
   }
 
   function visibleAction() {
-    return [cancel, retry].find((b) => !b.hidden) || logsButton;
+    return [cancel, retry, remove].find((b) => !b.hidden) || logsButton;
   }
 
   logsButton.addEventListener("click", () => {

@@ -1,19 +1,30 @@
-// Models: what vLLM can run. Lists the registered models (GET /api/models, refreshed every 3 s)
-// with their source, status, size and directory, and lets you
-//   - register a Hugging Face repository at a revision (POST /api/models/huggingface),
-//   - register a directory already under the models directory (POST /api/models/local),
+// Models: what vLLM can run (docs/console.md, "Models"). Lists the registered models with their
+// source, state, size and directory, and what serves them, and lets you
+//   - add a model in one step (POST /api/models {source, revision?, token?, name?}): a Hugging Face
+//     repository (owner/name) is checked on the hub, registered and its download started at once;
+//     a directory under the models directory is registered as it is. The hub's answer (not found,
+//     gated, needs a token) shows under the field; nothing is saved then;
 //   - register every unregistered model directory found there (POST /api/models/scan),
-//   - delete a model, optionally with its files (DELETE /api/models/{id}?files=true|false).
-// Downloads are started on the Downloads page: a Hugging Face model's "Download" link opens
-// /downloads?model=<id> with the model chosen.
+//   - deploy a downloaded model ("Deploy" → /deployments?model=<id>),
+//   - retry a failed download (POST /api/downloads/{task}/retry) or remove it with its partial files,
+//   - delete a model, optionally with its files (DELETE /api/models/{id}?files=true|false); a model
+//     a deployment uses is refused before the dialog, naming the deployment.
+// State words come from states.js: not downloaded / downloading / downloaded / failed, and "serving"
+// when a deployment's instance (GET /api/deployments) or the runtime (GET /api/runtime) answers for it.
+// The list refreshes every 3 s; a download's percentage follows GET /api/downloads/events live.
 //
-// DOM hooks for tests: each table row is <tr data-model-id="…" data-status="…">; the delete
-// dialog is <dialog class="dialog model-delete-dialog">.
+// DOM hooks for tests: the form is <form class="add-model-form"> (input name="source", button "Add
+// model"); each table row is <tr data-model-id="…" data-status="…" data-serving="true|false">; a
+// downloaded model's row has <a data-action="deploy">; the delete dialog is <dialog class="dialog
+// model-delete-dialog">.
 import { api } from "../api.js";
-import { badge, clear, empty, errorSlot, every, field, formatBytes, h, humanError, pageHeader, placeholder, reportFailure, showError, showFieldErrors, toast } from "../ui.js";
+import { clear, empty, errorSlot, every, field, formatBytes, h, humanError, pageHeader, placeholder, reportFailure, showError, showFieldErrors, toast } from "../ui.js";
+import { SERVING, instanceWord, modelWord, runtimeWord, stateBadge } from "../states.js";
+import { deployLink, followDownloads, followInPage, removeModel } from "./model-actions.js";
 
 // Model statuses from which downloads.start accepts a Hugging Face model.
-const DOWNLOADABLE = new Set(["registered", "failed", "canceled"]);
+const DOWNLOADABLE = new Set(["registered", "failed", "error", "canceled"]);
+const RETRYABLE_TASK = new Set(["failed", "canceled"]);
 
 export async function render(root, page) {
   const { signal } = page;
@@ -21,11 +32,24 @@ export async function render(root, page) {
   const list = h("div.models-list", placeholder(4));
   const heading = h("h2#models-list-title", { tabindex: "-1" }, "Registered models");
   let tbody = null; // set once the table exists
+  const tasks = new Map(); // model id → its newest download task
+  let lastModels = [];
+  let users = new Map(); // model id → [{name, word}] of the deployments (and the runtime) using it
 
   const refresh = async () => {
     try {
-      const { models } = await api("GET", "/models", undefined, { signal });
+      const [{ models }, { downloads }, using] = await Promise.all([
+        api("GET", "/models", undefined, { signal }),
+        api("GET", "/downloads", undefined, { signal }),
+        whoUses(signal),
+      ]);
       listError.hidden = true;
+      tasks.clear();
+      for (const task of downloads) { // newest first: keep the first seen per model
+        if (!tasks.has(task.model_id)) tasks.set(task.model_id, task);
+      }
+      users = using;
+      lastModels = models;
       showModels(models);
     } catch (error) {
       if (error.name === "AbortError" || error.status === 401) return;
@@ -38,8 +62,8 @@ export async function render(root, page) {
   const showModels = (models) => {
     if (!models.length) {
       tbody = null;
-      clear(list, empty("No models yet. Register a Hugging Face repository (then download it on the Downloads "
-        + "page) or a directory that already holds a model, with the forms above; or scan the models "
+      clear(list, empty("No models yet. Add one above: a Hugging Face repository such as acme/tiny-chat is "
+        + "downloaded at once; a directory under the models directory is registered as it is. Or scan the models "
         + "directory to register every model directory found there."));
       return;
     }
@@ -50,64 +74,177 @@ export async function render(root, page) {
           h("thead", h("tr",
             h("th", { scope: "col" }, "Name"),
             h("th", { scope: "col" }, "Source"),
-            h("th", { scope: "col" }, "Status"),
+            h("th", { scope: "col" }, "State"),
             h("th.num", { scope: "col" }, "Size"),
             h("th", { scope: "col" }, "Path"),
             h("th", { scope: "col" }, "Actions"))),
           tbody)));
     }
-    syncRows(tbody, models, (model) => modelRow(model, { onDelete: () => openDelete(model) }));
+    // A row shows its model, its newest download and who uses it: a change in any rebuilds it.
+    const items = models.map((model) => ({ id: model.id, model, task: progressOf(tasks.get(model.id)),
+      users: users.get(model.id) || [] }));
+    syncRows(tbody, items, ({ model, task, users: using }) => modelRow(model, {
+      task, users: using, signal, refresh, onDelete: (row) => askDelete(model, row),
+    }));
   };
 
-  const openDelete = (model) => deleteDialog(model, async () => {
-    toast(`Deleted ${model.name}.`, "ok");
-    await refresh();
-    const next = tbody && tbody.querySelector("button[data-action='delete']");
-    (next || heading).focus();
-  });
+  // A model in use is refused before any dialog, naming what uses it (the server would refuse too).
+  const askDelete = (model, row) => {
+    const using = users.get(model.id) || [];
+    const slot = row.querySelector(".model-row-error");
+    if (using.length) {
+      showError(slot, `${model.name} can't be deleted: it is used by ${describeUsers(using)}. `
+        + "Delete the deployment (or give it another model) on the Deployments page first.");
+      return;
+    }
+    showError(slot, null);
+    deleteDialog(model, async () => {
+      toast(`Deleted ${model.name}.`, "ok");
+      await refresh();
+      const next = tbody && tbody.querySelector("button[data-action='delete']");
+      (next || heading).focus();
+    });
+  };
+
+  // Live progress: a task event updates its model's row; a finished one reloads the list.
+  const onTask = (task) => {
+    const before = tasks.get(task.model_id);
+    if (before && before.created_at > task.created_at) return;
+    tasks.set(task.model_id, task);
+    if (before && before.status !== task.status && !["pending", "running"].includes(task.status)) {
+      refresh();
+      return;
+    }
+    if (tbody) showModels(lastModels);
+  };
 
   const scan = scanControl(signal, refresh);
-  root.append(
+  root.append(h("div.models-page",
     pageHeader("Models", "Models vLLM can run: Hugging Face repositories downloaded here, or directories "
       + "already under the models directory.", scan.button),
     scan.result,
-    h("div.models-forms", huggingFaceForm(signal, refresh), localForm(signal, refresh)),
-    h("section.models-section", { "aria-labelledby": "models-list-title" }, heading, listError, list),
-  );
+    addForm(signal, refresh, (task) => onTask(task)),
+    h("section.models-section", { "aria-labelledby": "models-list-title" }, heading, listError, list)));
   await refresh();
   every(3000, refresh, page);
+  followDownloads(signal, onTask);
+}
+
+// Who uses each model: the deployments naming it (with their instance's word) and the runtime when
+// it runs the model outside any deployment. Best effort: without them the list still shows.
+async function whoUses(signal) {
+  const using = new Map();
+  const add = (modelId, user) => {
+    if (!using.has(modelId)) using.set(modelId, []);
+    using.get(modelId).push(user);
+  };
+  const quietly = (path) => api("GET", path, undefined, { signal }).catch((error) => {
+    if (error.name === "AbortError") throw error;
+    return null;
+  });
+  const [deployments, runtime] = await Promise.all([quietly("/deployments"), quietly("/runtime")]);
+  const named = new Set();
+  for (const d of (deployments && deployments.deployments) || []) {
+    add(d.model_id, { name: d.name, word: instanceWord(d.instance && d.instance.state) });
+    named.add(d.name);
+  }
+  if (runtime && runtime.active_model_id && !(runtime.deployment && named.has(runtime.deployment))
+    && !["stopped", "failed"].includes(runtime.state)) {
+    add(runtime.active_model_id, { name: null, word: runtimeWord(runtime.state) });
+  }
+  return using;
+}
+
+function describeUsers(users) {
+  const names = users.map((u) => (u.name ? u.name : "the runtime"));
+  const deployments = users.filter((u) => u.name);
+  if (!deployments.length) return names.join(", ");
+  return `${deployments.length === 1 ? "the deployment" : "the deployments"} ${names.join(", ")}`;
 }
 
 // --- the table -----------------------------------------------------------------------------------
 
-function modelRow(model, { onDelete }) {
+function modelRow(model, { task, users, signal, refresh, onDelete }) {
   const hub = model.source === "huggingface";
+  const serving = users.some((u) => u.word === SERVING);
+  const rowError = h("p.error-text.model-row-error", { role: "alert", hidden: true });
   const actions = [];
-  if (hub && DOWNLOADABLE.has(model.status)) {
+  const failedTask = task && RETRYABLE_TASK.has(task.status) && DOWNLOADABLE.has(model.status) ? task : null;
+  if (model.status === "ready") {
+    actions.push(deployLink(model.id));
+  } else if (hub && failedTask) {
+    actions.push(h("button.button.small.primary", { type: "button", "data-action": "retry",
+      onclick: async (event) => {
+        event.currentTarget.disabled = true;
+        showError(rowError, null);
+        try {
+          await api("POST", `/downloads/${encodeURIComponent(failedTask.id)}/retry`, {}, { signal });
+          toast(`Downloading ${model.name} again.`, "ok");
+        } catch (err) {
+          if (err.name === "AbortError" || err.status === 401) return;
+          showError(rowError, `Not retried: ${humanError(err)}`);
+        }
+        await refresh();
+      } }, "Retry"));
+  } else if (hub && DOWNLOADABLE.has(model.status)) {
     actions.push(h("a.button.small.primary", {
       href: `/downloads?model=${encodeURIComponent(model.id)}`, "data-action": "download",
       onclick: followInPage,
     }, "Download"));
   }
-  actions.push(h("button.button.small", { type: "button", "data-action": "delete", onclick: onDelete }, "Delete"));
-  return h("tr", { dataset: { modelId: model.id, status: model.status } },
+  if (model.status === "downloading") {
+    // The server refuses a delete while it downloads: cancel (and see the log) on the Downloads page.
+    actions.push(h("a.button.small", { href: "/downloads", "data-action": "downloads" }, "Downloads"));
+  } else if (hub && failedTask) {
+    actions.push(h("button.button.small", { type: "button", "data-action": "remove", onclick: async () => {
+      if (users.length) {
+        showError(rowError, `${model.name} can't be removed: it is used by ${describeUsers(users)}.`);
+        return;
+      }
+      showError(rowError, null);
+      try {
+        if (await removeModel(model.name, model.id)) {
+          toast(`Removed ${model.name}.`, "ok");
+          await refresh();
+        }
+      } catch (err) {
+        if (err.name === "AbortError" || err.status === 401) return;
+        showError(rowError, `Not removed: ${humanError(err)}`);
+      }
+    } }, "Remove"));
+  } else {
+    actions.push(h("button.button.small", { type: "button", "data-action": "delete",
+      onclick: (event) => onDelete(event.currentTarget.closest("tr")) }, "Delete"));
+  }
+  return h("tr", { dataset: { modelId: model.id, status: model.status, serving: String(serving) } },
     h("td.model-name", h("strong", model.name)),
     h("td.model-source", hub
       ? ["Hugging Face", h("br"), h("code", `${model.repository}@${model.revision}`)]
       : "Local"),
-    h("td.model-status", badge(model.status), model.error ? h("p.model-error", model.error) : null),
+    h("td.model-status",
+      h("div.model-states", stateBadge(modelWord(model.status)), serving ? stateBadge(SERVING) : null,
+        model.status === "downloading" ? h("span.model-progress", progressText(task)) : null),
+      users.length ? h("p.model-users", "Deployed as ", users.map((u, i) => [i ? ", " : "",
+        h("strong", u.name || "the runtime"), ` (${u.word})`])) : null,
+      model.error ? h("p.model-error", model.error) : null),
     h("td.num", formatBytes(model.size_bytes)),
     h("td.model-path", model.path ? h("code", model.path) : "—"),
-    h("td.model-actions", h("div.actions", actions)));
+    h("td.model-actions", h("div.actions", actions), rowError));
 }
 
-// main.js routes same-origin links by their pathname only, which would drop "?model=…": push the
-// whole URL ourselves and let main.js's popstate handler show the page (it keeps location.search).
-function followInPage(event) {
-  if (event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
-  event.preventDefault();
-  history.pushState({}, "", event.currentTarget.getAttribute("href"));
-  window.dispatchEvent(new PopStateEvent("popstate"));
+// What a row needs of a task (so that a rate or ETA change alone does not rebuild the row).
+function progressOf(task) {
+  if (!task) return null;
+  const { id, status, bytes_done, bytes_total, queue_position, created_at } = task;
+  return { id, status, bytes_done, bytes_total, queue_position, created_at };
+}
+
+// "42 %" of a running download (or "queued", "starting"), from its newest task.
+function progressText(task) {
+  if (!task) return "";
+  if (task.status === "pending") return task.queue_position ? `queued (${task.queue_position})` : "queued";
+  if (!task.bytes_total) return task.bytes_done ? formatBytes(task.bytes_done) : "starting";
+  return `${Math.min(100, Math.floor((100 * task.bytes_done) / task.bytes_total))} %`;
 }
 
 // Update `container`'s rows in place, keyed by item id: unchanged rows stay the same nodes (focus and
@@ -195,86 +332,79 @@ function deleteDialog(model, onDeleted) {
   dialog.showModal();
 }
 
-// --- the forms -----------------------------------------------------------------------------------
+// --- the add form --------------------------------------------------------------------------------
 
-function huggingFaceForm(signal, refresh) {
-  const repository = h("input", { name: "repository", required: true, placeholder: "org/model",
-    autocomplete: "off", spellcheck: "false", autocapitalize: "off" });
-  const revision = h("input", { name: "revision", autocomplete: "off", spellcheck: "false", autocapitalize: "off" });
-  revision.defaultValue = "main"; // form.reset() goes back to it
+// One form for both kinds of model; revision, token and name are under "More options". A token
+// is sent once and the field is emptied as soon as the request has left.
+function addForm(signal, refresh, onTask) {
+  const source = h("input", { name: "source", required: true, autocomplete: "off", spellcheck: "false",
+    autocapitalize: "off", placeholder: "acme/tiny-chat or a directory under the models directory" });
+  const revision = h("input", { name: "revision", autocomplete: "off", spellcheck: "false", autocapitalize: "off",
+    placeholder: "main" });
+  const token = h("input", { type: "password", name: "token", autocomplete: "off", spellcheck: "false",
+    autocapitalize: "off" });
   const name = h("input", { name: "name", autocomplete: "off" });
-  const submit = h("button.button.primary", { type: "submit" }, "Register");
+  const hint = h("span.models-dir-hint", "A Hugging Face repository (owner/name) is checked on the hub and "
+    + "downloaded at once; a directory directly under the models directory is registered as it is.");
+  const submit = h("button.button.primary", { type: "submit" }, "Add model");
   const error = errorSlot();
-  const form = h("form.card.models-form", { novalidate: true },
-    h("h2#models-hf-title", "Register from Hugging Face"),
-    field("Repository", repository, "owner/name on the Hub, e.g. Qwen/Qwen2.5-0.5B-Instruct."),
+  const more = h("details.add-model-more",
+    h("summary", "More options"),
     h("div.form-row",
-      field("Revision", revision, "A branch, tag or commit."),
-      field("Name (optional)", name, "Defaults to the repository.")),
-    h("div.actions", submit, error));
-  form.addEventListener("submit", (event) => {
-    event.preventDefault();
-    const body = { repository: repository.value.trim() };
-    if (revision.value.trim()) body.revision = revision.value.trim();
-    body.name = name.value.trim() || null;
-    send(form, submit, error, () => api("POST", "/models/huggingface", body, { signal }), async ({ model }) => {
-      toast(`Registered ${model.name}. Start its download with "Download" in the list.`, "ok");
-      form.reset();
-      await refresh();
-      repository.focus();
-    });
-  });
-  return form;
-}
-
-function localForm(signal, refresh) {
-  const name = h("input", { name: "name", required: true, autocomplete: "off" });
-  const path = h("input", { name: "path", required: true, autocomplete: "off", spellcheck: "false",
-    autocapitalize: "off", placeholder: "my-model" });
-  const hint = h("span.models-dir-hint", "A directory directly under the models directory, absolute or relative to it.");
-  const submit = h("button.button.primary", { type: "submit" }, "Register directory");
-  const error = errorSlot();
-  const form = h("form.card.models-form", { novalidate: true },
-    h("h2#models-local-title", "Register a local directory"),
-    field("Name", name),
-    field("Directory", path, hint),
+      field("Revision", revision, "For a repository: a branch, tag or commit (default main)."),
+      field("Access token", token, "For a gated or private repository: used to check it and for this "
+        + "download only; never stored or logged."),
+      field("Name (optional)", name, "Defaults to the repository or the directory's name.")));
+  const form = h("form.card.add-model-form", { novalidate: true, "aria-labelledby": "add-model-title" },
+    h("h2#add-model-title", "Add model"),
+    field("Repository or directory", source, hint),
+    more,
     h("div.actions", submit, error));
   showModelsDir(hint, signal);
-  form.addEventListener("submit", (event) => {
+  form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    const body = { name: name.value.trim(), path: path.value.trim() };
-    send(form, submit, error, () => api("POST", "/models/local", body, { signal }), async ({ model }) => {
-      toast(`Registered ${model.name}; it is ready to run.`, "ok");
+    const body = { source: source.value.trim() };
+    if (revision.value.trim()) body.revision = revision.value.trim();
+    if (token.value.trim()) body.token = token.value.trim();
+    if (name.value.trim()) body.name = name.value.trim();
+    showError(error, null);
+    showFieldErrors(form, null);
+    if (!body.source) {
+      token.value = "";
+      showFieldErrors(form, { fieldErrors: { source: "Give a repository such as acme/tiny-chat, or a directory." } });
+      source.focus();
+      return;
+    }
+    submit.disabled = true;
+    const request = api("POST", "/models", body, { signal });
+    token.value = ""; // the request has left with it; it is not kept anywhere
+    delete body.token;
+    try {
+      const { model, task } = await request;
+      toast(task ? `Added ${model.name}; its download has started.`
+        : `Added ${model.name}; it is downloaded: deploy it from its row.`, "ok");
       form.reset();
+      more.open = false;
+      if (task) onTask(task);
       await refresh();
-      name.focus();
-    });
+      source.focus();
+    } catch (err) {
+      if (err.fieldErrors && ["revision", "token", "name"].some((f) => f in err.fieldErrors)) more.open = true;
+      reportFailure(form, error, err);
+    } finally {
+      submit.disabled = false;
+    }
   });
   return form;
 }
 
-// Submit a form: field errors under their fields, any other error next to the button.
-async function send(form, submit, error, call, onDone) {
-  submit.disabled = true;
-  showError(error, null);
-  showFieldErrors(form, null);
-  try {
-    const result = await call();
-    await onDone(result);
-  } catch (err) {
-    reportFailure(form, error, err);
-  } finally {
-    submit.disabled = false;
-  }
-}
-
-// Name the models directory in the local form's hint (GET /api/system); the hint stays generic without it.
+// Name the models directory in the add form's hint (GET /api/system); the hint stays generic without it.
 async function showModelsDir(hint, signal) {
   try {
     const { models_dir: dir } = await api("GET", "/system", undefined, { signal });
     if (dir) {
-      clear(hint, "A directory directly under the models directory ", h("code", dir),
-        ", given as an absolute path or relative to it.");
+      clear(hint, "A Hugging Face repository (owner/name) is checked on the hub and downloaded at once; a "
+        + "directory directly under ", h("code", dir), " (its name or absolute path) is registered as it is.");
     }
   } catch (_) {
     // only a hint
