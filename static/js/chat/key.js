@@ -7,8 +7,9 @@
 // `vllm-use.playground-key` (shared by every tab of the profile; session.js's sign-out forgets it),
 // its id under `vllm-use.playground-key-id` (not a secret). Tabs opened at once make one key, not
 // one each: the creation runs under a lock (navigator.locks where the browser has it, which is on
-// https and on localhost; else a lease in localStorage), and each tab looks in the storage again
-// once it holds the lock.
+// https and on localhost; else a lease in IndexedDB), each tab looks in the storage again once
+// it holds the lock, and the tab that made the key keeps the lock a moment after storing it (the
+// storage reaches the other tabs asynchronously).
 //
 // A key /v1 refuses (deleted or disabled on the API keys page) is replaced by a new one the next
 // time the page needs /v1, which says so once (a toast); the refused key is left as the admin left
@@ -18,10 +19,10 @@
 // `createKeyPanel({signal, onUse(key)})`: `element` is a small disclosure "Use another key" (a
 // region named "Inference key") to paste a key instead, tried on GET /v1/models first; it opens by
 // itself when a key cannot be created (an admin credential without admin.write, say).
-// `panel.key` is the key now ("" for none); `ensure()` resolves to a key, creating one if needed
-// ("" when that failed: the disclosure says why); `refused(key)` forgets a key /v1 refused, so
-// that the next `ensure()` replaces it; `failed` is true once a creation failed (the page then
-// lets Send say what is missing).
+// `panel.key` is the usable key now ("" for none); `ensure()` resolves to a usable key, making one
+// if needed ("" when that failed: the disclosure says why); `refused(key)` notes a key /v1 refused,
+// which the next `ensure()` replaces; `failed` is true once a creation failed (the page then lets
+// Send say what is missing).
 
 import { api } from "../api.js";
 import { errorSlot, field, h, humanError, showError, sleep, toast } from "../ui.js";
@@ -30,9 +31,13 @@ import { v1 } from "./stream.js";
 const KEY = "vllm-use.playground-key"; // the secret (also the name session.js forgets at sign-out)
 const KEY_ID = "vllm-use.playground-key-id"; // the id of the key this browser created
 const LOCK = "vllm-use.playground-key";
-const LEASE = "vllm-use.playground-key-lease"; // the lock where navigator.locks is missing
+const LEASES = "vllm-use-chat-key"; // an IndexedDB database: the lock where navigator.locks is missing
 const LEASE_MS = 15_000; // a lease older than this is a tab that died holding it
-const SETTLE_MS = 100; // a lease written is read back after this, to see which tab won
+const RETRY_MS = 200; // a tab that found the lease taken looks again after this
+// How long the tab that made the key keeps the lock after storing it. localStorage reaches the
+// other tabs' processes asynchronously, on another channel than the lock's release: a tab given
+// the lock at once could still read no key there, and make a second one (seen in Chromium).
+const PUBLISH_MS = 500;
 
 export function inferenceKey() {
   return localStorage.getItem(KEY) || "";
@@ -68,40 +73,63 @@ export const playgroundName = () => `playground · ${browserName()} · ${today()
 // Runs `fn` while no other tab of this profile runs it.
 async function exclusively(fn, signal) {
   if (navigator.locks && navigator.locks.request) return navigator.locks.request(LOCK, { signal }, fn);
-  // A lease in localStorage: written, read back a moment later (the last writer wins), kept while
-  // `fn` runs. Best effort where the browser has no locks (a plain-http address that is not localhost).
+  // No navigator.locks (a plain-http address that is not localhost): a lease in IndexedDB, whose
+  // read-write transactions on one store never overlap, in any tab of the profile.
   const me = `${Date.now()}-${Math.random().toString(36).slice(2)}`;
-  const lease = () => {
-    try {
-      return JSON.parse(localStorage.getItem(LEASE) || "null");
-    } catch (_) {
-      return null;
-    }
-  };
-  for (;;) {
-    if (signal && signal.aborted) throw new DOMException("aborted", "AbortError");
-    const held = lease();
-    if (!held || held.at + LEASE_MS < Date.now()) {
-      localStorage.setItem(LEASE, JSON.stringify({ id: me, at: Date.now() }));
-      await sleep(SETTLE_MS, signal);
-      const now = lease();
-      if (now && now.id === me) break;
-    }
-    if (inferenceKey()) return fn(); // another tab made it meanwhile: `fn` finds it
-    await sleep(SETTLE_MS * 2, signal);
-  }
+  const db = await openLeases();
   try {
-    return await fn();
+    for (;;) {
+      if (signal.aborted) throw new DOMException("aborted", "AbortError");
+      if (await lease(db, me, true)) break;
+      if (inferenceKey()) return await fn(); // another tab made it meanwhile: `fn` finds it
+      await sleep(RETRY_MS, signal);
+    }
+    try {
+      return await fn();
+    } finally {
+      await lease(db, me, false).catch(() => {});
+    }
   } finally {
-    const held = lease();
-    if (held && held.id === me) localStorage.removeItem(LEASE);
+    db.close();
   }
+}
+
+function openLeases() {
+  return new Promise((resolve, reject) => {
+    const request = indexedDB.open(LEASES, 1);
+    request.onupgradeneeded = () => request.result.createObjectStore("lease");
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  });
+}
+
+// In one read-write transaction: takes the lease (`take`, when it is free, stale or already `me`'s)
+// or gives it back (when it is `me`'s). Resolves to whether `me` holds it afterwards.
+function lease(db, me, take) {
+  return new Promise((resolve, reject) => {
+    const tx = db.transaction("lease", "readwrite");
+    const leases = tx.objectStore("lease");
+    let mine = false;
+    const read = leases.get(LOCK);
+    read.onsuccess = () => {
+      const held = read.result;
+      const free = !held || held.at + LEASE_MS < Date.now() || held.id === me;
+      if (take && free) {
+        leases.put({ id: me, at: Date.now() }, LOCK);
+        mine = true;
+      } else if (!take && held && held.id === me) {
+        leases.delete(LOCK);
+      }
+    };
+    tx.oncomplete = () => resolve(mine);
+    tx.onerror = () => reject(tx.error);
+    tx.onabort = () => reject(tx.error);
+  });
 }
 
 export function createKeyPanel({ signal, onUse }) {
   let ensuring = null;
   let failed = false;
-  let replaced = ""; // a key refused by /v1: the next one made says it replaces it
 
   const keyInput = h("input", { type: "password", name: "key", autocomplete: "off", spellcheck: "false",
     placeholder: "vu_…" });
@@ -117,30 +145,42 @@ export function createKeyPanel({ signal, onUse }) {
     form,
     error);
 
+  const refused = new Set(); // keys /v1 refused to this page
+  const usable = () => {
+    const now = inferenceKey();
+    return now && !refused.has(now) ? now : "";
+  };
+
+  // Runs under the lock, with no usable key in the storage. Its secret goes to the key's storage
+  // (above) and nowhere else.
   const create = async () => {
-    const previous = localStorage.getItem(KEY_ID);
+    const stored = inferenceKey();
+    // A key id without its secret: forgotten at sign-out, nothing can use that key any more. (A
+    // refused key is left as the admin left it: a disabled one stays listed as disabled.)
+    const orphan = stored ? null : localStorage.getItem(KEY_ID);
     const created = await api("POST", "/keys", { name: playgroundName(), scopes: ["inference"] }, { signal });
-    // The secret goes to the key's storage (above) and nowhere else.
     keep(created.secret, created.key.id);
-    if (previous && previous !== created.key.id) {
-      // Its secret was forgotten here (a sign-out): nothing can use it any more.
-      api("DELETE", `/keys/${encodeURIComponent(previous)}`).catch(() => {});
-    }
-    if (replaced) {
+    if (orphan && orphan !== created.key.id) api("DELETE", `/keys/${encodeURIComponent(orphan)}`).catch(() => {});
+    if (stored) {
       toast(`The chat's key was refused (deleted or disabled?); it now uses a new one, “${created.key.name}”.`, "info");
-      replaced = "";
     }
     return created.secret;
   };
 
-  // A key, created under the lock when this profile has none.
+  // A usable key; made under the lock when this profile has none.
   const ensure = () => {
-    const now = inferenceKey();
+    const now = usable();
     if (now) return Promise.resolve(now);
     if (ensuring) return ensuring;
     ensuring = (async () => {
       try {
-        const key = await exclusively(() => inferenceKey() || create(), signal);
+        const key = await exclusively(async () => {
+          const found = usable(); // made by another tab while this one waited for the lock
+          if (found) return found;
+          const made = await create();
+          await sleep(PUBLISH_MS, signal);
+          return made;
+        }, signal);
         failed = false;
         showError(error, null);
         return key;
@@ -178,6 +218,7 @@ export function createKeyPanel({ signal, onUse }) {
       // Anything else (no model running) says nothing against the key.
     }
     keyInput.value = "";
+    refused.delete(value);
     keep(value);
     failed = false;
     region.open = false;
@@ -188,18 +229,15 @@ export function createKeyPanel({ signal, onUse }) {
   return {
     element: region,
     get key() {
-      return inferenceKey();
+      return usable();
     },
     get failed() {
       return failed;
     },
     ensure,
+    // Only noted here: the storage is looked at (and the key replaced) under the lock, by ensure().
     refused(key) {
-      if (!key || inferenceKey() !== key) return; // already replaced (by another tab, say)
-      localStorage.removeItem(KEY);
-      // Left as the admin left it (disabled stays listed as disabled): not ours to delete.
-      if (localStorage.getItem(KEY_ID)) localStorage.removeItem(KEY_ID);
-      replaced = key;
+      if (key) refused.add(key);
     },
     ask() {
       region.open = true;
