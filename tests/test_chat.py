@@ -660,7 +660,7 @@ def test_a_screenshot_of_the_chat_in_both_themes(
     finished(answer)
     expect(answer.get_by_role("button", name="Copy code")).to_be_visible()
     expect(answer.locator(".message-stats")).to_be_visible()
-    expect(page.locator("#toasts > *")).to_have_count(0, timeout=10_000)  # "Created the key …" fades
+    expect(page.locator("#toasts > *")).to_have_count(0, timeout=10_000)  # no toast in the picture
     # Sending scrolled the composer into view; a full-page picture wants the top (the header is sticky).
     page.evaluate("() => { document.activeElement?.blur(); window.scrollTo(0, 0); }")
     page.mouse.move(0, 0)

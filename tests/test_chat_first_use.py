@@ -42,7 +42,9 @@ CONTROLS = "button, input, select, textarea, a[href], summary"
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """No deployment: the runtime runs a model by path (runtime.start), served as "tiny". Its
     answers stream one word per 50 ms, so a long one is still streaming when a test stops it."""
-    with console_stack(tmp_path_factory.mktemp("chat-first-use"), vllm_knobs={"token_seconds": 0.05}) as running:
+    with console_stack(
+        tmp_path_factory.mktemp("chat-first-use"), vllm_knobs={"token_seconds": 0.05}
+    ) as running:
         model = running.server.data_dir / "models" / "tiny"
         model.mkdir(parents=True)
         (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
@@ -177,7 +179,9 @@ def test_two_tabs_opened_at_once_share_one_playground_key(
     first = new_page(browser, stack.url)
     context = first.page.context
     if locks == "no navigator.locks":
-        context.add_init_script("Object.defineProperty(Navigator.prototype, 'locks', { get: () => undefined });")
+        context.add_init_script(
+            "Object.defineProperty(Navigator.prototype, 'locks', { get: () => undefined });"
+        )
     try:
         page = first.page
         page.goto(stack.url + "/keys")
@@ -190,7 +194,9 @@ def test_two_tabs_opened_at_once_share_one_playground_key(
         tabs = [first, second]
         # Both go to the chat at once (a click each, neither waiting for the other's page).
         for tab in tabs:
-            tab.page.evaluate("() => setTimeout(() => document.querySelector('a[data-route=\"/chat\"]').click(), 50)")
+            tab.page.evaluate(
+                "() => setTimeout(() => document.querySelector('a[data-route=\"/chat\"]').click(), 50)"
+            )
         for tab in tabs:
             expect(tab.page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
         made = playground_keys(tiny)
@@ -272,7 +278,11 @@ def test_at_390_px_the_composer_covers_no_control(browser: Browser, stack: Stack
             answered(send(page, text), f"Echo: {text}")
         # At the end of the conversation, at its start, and half way.
         assert covered(page) == []
-        for where in ("0", "document.documentElement.scrollHeight / 2", "document.documentElement.scrollHeight"):
+        for where in (
+            "0",
+            "document.documentElement.scrollHeight / 2",
+            "document.documentElement.scrollHeight",
+        ):
             page.evaluate(f"() => window.scrollTo(0, {where})")
             assert covered(page) == [], where
         watched.assert_clean()
@@ -321,7 +331,9 @@ def test_after_the_model_stops_one_banner_links_to_deployments_and_nothing_is_se
         # Enter does nothing either; the model chosen stays chosen, shown unavailable.
         page.get_by_label("Message", exact=True).press("Enter")
         expect(page.get_by_label("Model", exact=True)).to_have_value("tiny")
-        expect(page.get_by_label("Model", exact=True).locator("option:checked")).to_have_text("tiny — unavailable")
+        expect(page.get_by_label("Model", exact=True).locator("option:checked")).to_have_text(
+            "tiny — unavailable"
+        )
         assert len(posts) == 1
         one_banner_to_deployments(page)
         # Served again: "Reload models" clears the banner and the message goes.
@@ -445,4 +457,3 @@ def test_chat_with_a_model_in_the_address_opens_a_new_conversation_with_it(
         watched.assert_clean()
     finally:
         page.context.close()
-
