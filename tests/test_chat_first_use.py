@@ -132,6 +132,16 @@ def covered(page: Page) -> list[str]:
     return found
 
 
+def chat_with_a_key(watched: Watched, server: Server) -> None:
+    """Signed in on /chat with an inference key already kept where the chat looks for it, so that
+    the tests of what the chat shows about the model do not depend on how its key is made."""
+    _, secret = server.create_key("inference", name="given")
+    sign_in(watched, server.admin_token or "", "/keys")
+    watched.page.evaluate(f"() => localStorage.setItem('vllm-use.playground-key', {json.dumps(secret)})")
+    watched.page.goto(watched.origin + "/chat")
+    expect(watched.page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
+
+
 # --- the key ------------------------------------------------------------------------------------
 
 
@@ -318,7 +328,7 @@ def test_after_the_model_stops_one_banner_links_to_deployments_and_nothing_is_se
     page = watched.page
     try:
         posts = chat_posts(page)
-        sign_in(watched, tiny.admin_token or "", "/chat")
+        chat_with_a_key(watched, tiny)
         answered(send(page, "hi"), "Echo: hi")
         assert tiny.fetch("/api/runtime/stop", "POST").status_code == 200
         # The next message is not sent: the page lists the models first, and nothing serves tiny.
@@ -360,7 +370,7 @@ def test_a_model_stopped_mid_answer_shows_its_error_once_then_the_banner(
     watched.expect_http_error(502)
     page = watched.page
     try:
-        sign_in(watched, tiny.admin_token or "", "/chat")
+        chat_with_a_key(watched, tiny)
         answer = send(page, " ".join(f"w{i}" for i in range(200)))  # about 10 s of words
         expect(answer.locator(".message-body")).to_contain_text("w3")
         assert tiny.fetch("/api/runtime/stop", "POST").status_code == 200
@@ -415,7 +425,7 @@ def test_a_stopped_deployment_still_counts_as_served_and_loads_when_asked(
     watched = new_page(browser, stack.url)
     page = watched.page
     try:
-        sign_in(watched, deployed.admin_token or "", "/chat")
+        chat_with_a_key(watched, deployed)
         picker = page.get_by_label("Model", exact=True)
         expect(picker.locator('option[value="beta"]')).to_have_text("beta — serving")
         expect(picker.locator('option[value="alpha"]')).to_have_text("alpha — deployed")
@@ -442,7 +452,7 @@ def test_chat_with_a_model_in_the_address_opens_a_new_conversation_with_it(
     page = watched.page
     try:
         posts = chat_posts(page)
-        sign_in(watched, deployed.admin_token or "", "/chat")
+        chat_with_a_key(watched, deployed)
         answered(send(page, "to alpha"), "Echo: to alpha")  # alpha: the first listed
         page.goto(stack.url + "/chat?model=beta")
         picker = page.get_by_label("Model", exact=True)
