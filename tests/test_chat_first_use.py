@@ -311,12 +311,16 @@ def technical_repeats(page: Page) -> dict[str, int]:
 
 
 def one_banner_to_deployments(page: Page) -> None:
+    """What the page shows when nothing serves the model chosen: one link to the Deployments page,
+    in one banner (docs/chat.md, `.chat-banner`); Send disabled; no technical phrase twice."""
+    link = page.locator("main").get_by_role("link", name="Deployments page")
+    expect(link).to_have_count(1)
+    expect(link).to_have_attribute("href", "/deployments")
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_disabled()
     banner = page.locator(".chat-banner")
     expect(banner).to_have_count(1)
     expect(banner).to_be_visible()
-    link = banner.get_by_role("link", name="Deployments page")
-    expect(link).to_have_attribute("href", "/deployments")
-    expect(page.get_by_role("button", name="Send", exact=True)).to_be_disabled()
+    expect(banner.get_by_role("link", name="Deployments page")).to_be_visible()
     assert technical_repeats(page) == {}, page.locator("main").inner_text()
 
 
@@ -334,9 +338,10 @@ def test_after_the_model_stops_one_banner_links_to_deployments_and_nothing_is_se
         # The next message is not sent: the page lists the models first, and nothing serves tiny.
         page.get_by_label("Message", exact=True).fill("are you there?")
         page.get_by_role("button", name="Send", exact=True).click()
-        one_banner_to_deployments(page)
+        expect(page.get_by_role("button", name="Send", exact=True)).to_be_disabled()
         expect(page.locator(ASSISTANT)).to_have_count(1)
         assert len(posts) == 1
+        one_banner_to_deployments(page)
         expect(page.get_by_label("Message", exact=True)).to_have_value("are you there?")  # kept
         # Enter does nothing either; the model chosen stays chosen, shown unavailable.
         page.get_by_label("Message", exact=True).press("Enter")
