@@ -281,6 +281,12 @@ def test_at_390_px_the_composer_covers_no_control(browser: Browser, stack: Stack
         sign_in(watched, tiny.admin_token or "", "/chat")
         expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
         assert covered(page) == []
+        # The composer is in view as the page opens (the conversation list starts folded).
+        for name in ("Message", "Send"):
+            box = page.get_by_role(
+                "textbox" if name == "Message" else "button", name=name, exact=True
+            ).bounding_box()
+            assert box and box["y"] >= 0 and box["y"] + box["height"] <= 844, (name, box)
         page.get_by_role("region", name="Inference key").locator("summary").click()
         page.locator("details.parameters > summary").click()
         assert covered(page) == []

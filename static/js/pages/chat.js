@@ -74,6 +74,8 @@ export async function render(root, page) {
   root.append(h("div.chat-layout",
     sidebar.element,
     h("div.chat-main", controls.element, models.element, thread.element, composer.element, keys.element)));
+  // On a narrow screen the list starts folded, so that the composer is in view ("Show list").
+  if (matchMedia(NARROW).matches) sidebar.setCollapsed(true);
 
   function renderThread() {
     thread.render(current, isBusy(current));
