@@ -76,7 +76,12 @@ async function exclusively(fn, signal) {
   // No navigator.locks (a plain-http address that is not localhost): a lease in IndexedDB, whose
   // read-write transactions on one store never overlap, in any tab of the profile.
   const me = `${Date.now()}-${Math.random().toString(36).slice(2)}`;
-  const db = await openLeases();
+  let db;
+  try {
+    db = await openLeases();
+  } catch (_) {
+    return fn(); // no IndexedDB either (a private window of some browsers): no lock to take
+  }
   try {
     for (;;) {
       if (signal.aborted) throw new DOMException("aborted", "AbortError");
