@@ -178,6 +178,7 @@ def test_the_first_message_is_answered_with_no_key_step(browser: Browser, stack:
         expect(page.get_by_label("Inference key", exact=True)).to_be_hidden()
         # A reload (and another visit) keeps the same key.
         page.reload()
+        expect(page.locator(ASSISTANT)).to_have_count(1)  # the conversation is shown again
         answered(send(page, "again"), "Echo: again")
         assert [k["id"] for k in playground_keys(tiny)] == [made[0]["id"]]
         watched.assert_clean()
