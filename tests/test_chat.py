@@ -4,7 +4,8 @@ what reached it: streaming, resume after a reload, stop, branches, safe Markdown
 reasoning, and the screenshots.
 
 The page's contract (labels, buttons, DOM hooks) is docs/chat.md. Each test runs in a fresh browser
-context, so it starts with an empty IndexedDB and creates its own playground key.
+context, so it starts with an empty IndexedDB and an empty localStorage: the page makes its own
+playground key.
 """
 
 from __future__ import annotations
@@ -59,13 +60,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, upstream: FakeUpstream) -> I
 
 
 def open_chat(watched: Watched, token: str) -> Page:
-    """Sign in on /chat and create the playground key; the composer is then ready."""
+    """Sign in on /chat; the page makes its playground key itself and lists the models, after which
+    Send is enabled."""
     page = watched.page
     sign_in(watched, token, "/chat")
     expect(page.get_by_role("heading", name="Chat", level=1)).to_be_visible()
-    region = page.get_by_role("region", name="Inference key")
-    region.get_by_role("button", name="Create a playground key").click()
-    expect(region).to_be_hidden()
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
     expect(page.get_by_label("Message", exact=True)).to_be_editable()
     return page
 
@@ -209,9 +209,6 @@ def test_nothing_is_sent_without_a_model_and_an_empty_list_says_why(
     try:
         page = watched.page
         sign_in(watched, stack.server.admin_token or "", "/chat")
-        region = page.get_by_role("region", name="Inference key")
-        region.get_by_role("button", name="Create a playground key").click()
-        expect(region).to_be_hidden()
         expect(page.locator(".model-status")).to_contain_text("No model is running")
         send_button = page.get_by_role("button", name="Send", exact=True)
         expect(send_button).to_be_disabled()
@@ -663,7 +660,7 @@ def test_a_screenshot_of_the_chat_in_both_themes(
     finished(answer)
     expect(answer.get_by_role("button", name="Copy code")).to_be_visible()
     expect(answer.locator(".message-stats")).to_be_visible()
-    expect(page.locator("#toasts > *")).to_have_count(0, timeout=10_000)  # "Created the key …" fades
+    expect(page.locator("#toasts > *")).to_have_count(0, timeout=10_000)  # no toast in the picture
     # Sending scrolled the composer into view; a full-page picture wants the top (the header is sticky).
     page.evaluate("() => { document.activeElement?.blur(); window.scrollTo(0, 0); }")
     page.mouse.move(0, 0)

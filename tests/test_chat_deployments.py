@@ -94,9 +94,6 @@ def open_chat(browser: Browser, server: Server, width: int = 1280) -> Watched:
     page = watched.page
     page.set_viewport_size({"width": width, "height": 860})
     sign_in(watched, server.admin_token or "", "/chat")
-    region = page.get_by_role("region", name="Inference key")
-    region.get_by_role("button", name="Create a playground key").click()
-    expect(region).to_be_hidden()
     expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
     return watched
 
@@ -144,8 +141,8 @@ def test_the_picker_lists_each_deployment_with_its_status_and_follows_it(
     try:
         picker = page.get_by_label("Model", exact=True)
         # By name, as /v1/models lists them.
-        expect(picker.locator("option")).to_have_text([f"{name} — unloaded" for name in NAMES])
-        assert labels(page, "Compare with") == ["Off", *(f"{name} — unloaded" for name in NAMES)]
+        expect(picker.locator("option")).to_have_text([f"{name} — deployed" for name in NAMES])
+        assert labels(page, "Compare with") == ["Off", *(f"{name} — deployed" for name in NAMES)]
         # Loaded behind the page's back: focusing the picker lists the models again.
         r = router.fetch(
             f"/api/deployments/spare/load?wait={START_TIMEOUT_S}", "POST", timeout=START_TIMEOUT_S + 10
@@ -153,8 +150,8 @@ def test_the_picker_lists_each_deployment_with_its_status_and_follows_it(
         assert r.status_code == 200 and r.json()["state"] == "ready", r.text
         page.get_by_label("Message", exact=True).focus()
         picker.focus()
-        expect(picker.locator('option[value="spare"]')).to_have_text("spare — loaded")
-        expect(picker.locator('option[value="qwen"]')).to_have_text("qwen — unloaded")
+        expect(picker.locator('option[value="spare"]')).to_have_text("spare — serving")
+        expect(picker.locator('option[value="qwen"]')).to_have_text("qwen — deployed")
         watched.assert_clean()
     finally:
         page.context.close()
@@ -169,7 +166,7 @@ def test_a_deleted_deployment_leaves_the_picker_and_a_choice_of_it_shows_unavail
     page = watched.page
     try:
         picker = page.get_by_label("Model", exact=True)
-        expect(picker.locator('option[value="doomed"]')).to_have_text("doomed — unloaded")
+        expect(picker.locator('option[value="doomed"]')).to_have_text("doomed — deployed")
         picker.select_option("doomed")
         page.get_by_label("Compare with", exact=True).select_option("spare")
         assert router.fetch("/api/deployments/doomed", "DELETE").status_code == 200
@@ -180,7 +177,7 @@ def test_a_deleted_deployment_leaves_the_picker_and_a_choice_of_it_shows_unavail
         expect(gone).to_be_disabled()
         expect(picker).to_have_value("doomed")  # not switched to another model behind the user's back
         expect(page.locator(".model-status")).to_contain_text(
-            "doomed is not served any more: choose another model."
+            "doomed is not served any more: choose another model, or load one on the Deployments page."
         )
         # Nothing can be sent to it: Send is disabled and Enter does nothing.
         send_button = page.get_by_role("button", name="Send", exact=True)
@@ -222,9 +219,9 @@ def test_an_unloaded_deployment_answers_after_loading_shown_as_loading(
         expect(answer.locator(".message-body")).to_have_text("Echo: hello from the picker")
         expect(answer.locator(".message-stats")).to_be_visible()
         assert len(posts) == 1  # held, never refused and asked again
-        # The answer's end lists the models again: qwen shows loaded.
+        # The answer's end lists the models again: qwen shows serving.
         expect(page.get_by_label("Model", exact=True).locator('option[value="qwen"]')).to_have_text(
-            "qwen — loaded"
+            "qwen — serving"
         )
         fits(page)
         watched.assert_clean()

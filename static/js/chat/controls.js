@@ -1,6 +1,6 @@
 // The model picker and the parameters (docs/chat.md, Model and Parameters): selects "Model" and
-// "Compare with" (models from GET /v1/models, aliases included, each deployment with its status:
-// "qwen — unloaded"), and a <details> "Parameters" with "System prompt", "Temperature", "Top p",
+// "Compare with" (models from GET /v1/models, aliases included, each deployment with its state in
+// the console's words: "qwen — deployed", "qwen — serving"), and a <details> "Parameters" with "System prompt", "Temperature", "Top p",
 // "Max tokens" and "Stop" (one per line). Empty means the server's default, which the placeholders
 // say. Values are kept per conversation by the page (`read()` / `apply()`), and `request()` turns
 // them into the fields of a completion request.

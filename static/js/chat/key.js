@@ -1,84 +1,206 @@
-// The chat's inference key (an `inference`-scoped API key for /v1) and the region that asks for one
-// (docs/chat.md, Key). The key is kept where the admin credential is kept (static/js/session.js):
-// localStorage when the admin chose "remember", else sessionStorage, under
-// `vllm-use.playground-key`. It is only ever sent in an Authorization header to /v1.
+// The chat's inference key (an `inference`-scoped API key for /v1), docs/chat.md, "Key".
 //
-// `createKeyPanel({signal, onUse(key)})`: the region "Inference key", shown while there is no usable
-// key: "Create a playground key" (POST /api/keys, name "playground", scope `inference`: the chat's
-// only /api call) or paste one ("Use this key", tried on GET /v1/models first). `panel.key` is the
-// key now ("" for none), `panel.pending` a key being created (a message sent meanwhile waits for
-// it), `drop()` forgets a key /v1 refused and asks again, `ask()` shows the region.
+// One playground key per browser profile, made on first use: the first time the page needs /v1
+// (to list the models, or to send) and holds no key, it creates one, named after the browser and
+// the day ("playground · Chrome · 2026-12-02"), with POST /api/keys (the admin credential: the
+// chat's only /api calls are here). Its secret is kept in localStorage under
+// `vllm-use.playground-key` (shared by every tab of the profile; session.js's sign-out forgets it),
+// its id under `vllm-use.playground-key-id` (not a secret). Tabs opened at once make one key, not
+// one each: the creation runs under a lock (navigator.locks where the browser has it, which is on
+// https and on localhost; else a lease in IndexedDB), each tab looks in the storage again once
+// it holds the lock, and the tab that made the key keeps the lock a moment after storing it (the
+// storage reaches the other tabs asynchronously).
+//
+// A key /v1 refuses (deleted or disabled on the API keys page) is replaced by a new one the next
+// time the page needs /v1, which says so once (a toast); the refused key is left as the admin left
+// it. A key whose secret was forgotten (sign-out) is deleted when its successor is created, so the
+// API keys page lists one playground key per browser profile.
+//
+// `createKeyPanel({signal, onUse(key)})`: `element` is a small disclosure "Use another key" (a
+// region named "Inference key") to paste a key instead, tried on GET /v1/models first; it opens by
+// itself when a key cannot be created (an admin credential without admin.write, say).
+// `panel.key` is the usable key now ("" for none); `ensure()` resolves to a usable key, making one
+// if needed ("" when that failed: the disclosure says why); `refused(key)` notes a key /v1 refused,
+// which the next `ensure()` replaces; `failed` is true once a creation failed (the page then lets
+// Send say what is missing).
 
 import { api } from "../api.js";
-import { errorSlot, field, h, humanError, showError, toast } from "../ui.js";
+import { errorSlot, field, h, humanError, showError, sleep, toast } from "../ui.js";
 import { v1 } from "./stream.js";
 
-const KEY = "vllm-use.playground-key";
-const CREDENTIAL = "vllm-use.credential";
+const KEY = "vllm-use.playground-key"; // the secret (also the name session.js forgets at sign-out)
+const KEY_ID = "vllm-use.playground-key-id"; // the id of the key this browser created
+const LOCK = "vllm-use.playground-key";
+const LEASES = "vllm-use-chat-key"; // an IndexedDB database: the lock where navigator.locks is missing
+const LEASE_MS = 15_000; // a lease older than this is a tab that died holding it
+const RETRY_MS = 200; // a tab that found the lease taken looks again after this
+// How long the tab that made the key keeps the lock after storing it. localStorage reaches the
+// other tabs' processes asynchronously, on another channel than the lock's release: a tab given
+// the lock at once could still read no key there, and make a second one (seen in Chromium).
+const PUBLISH_MS = 500;
 
 export function inferenceKey() {
-  return sessionStorage.getItem(KEY) || localStorage.getItem(KEY) || "";
+  return localStorage.getItem(KEY) || "";
 }
 
-export function keepInferenceKey(value) {
-  forgetInferenceKey();
-  const remembered = Boolean(localStorage.getItem(CREDENTIAL));
-  (remembered ? localStorage : sessionStorage).setItem(KEY, value);
+function keep(secret, id = null) {
+  localStorage.setItem(KEY, secret);
+  sessionStorage.removeItem(KEY); // an earlier version kept it per tab
+  if (id) localStorage.setItem(KEY_ID, id);
 }
 
-export function forgetInferenceKey() {
-  sessionStorage.removeItem(KEY);
-  localStorage.removeItem(KEY);
+// The browser's name, simply: what userAgentData's brands say, else the user agent string.
+export function browserName() {
+  const brands = ((navigator.userAgentData && navigator.userAgentData.brands) || []).map((b) => b.brand);
+  const named = [["Microsoft Edge", "Edge"], ["Opera", "Opera"], ["Brave", "Brave"], ["Google Chrome", "Chrome"],
+    ["Chromium", "Chromium"]];
+  for (const [brand, name] of named) if (brands.includes(brand)) return name;
+  const ua = navigator.userAgent || "";
+  const byAgent = [[/Edg\//, "Edge"], [/OPR\//, "Opera"], [/Firefox\//, "Firefox"], [/Chromium\//, "Chromium"],
+    [/Chrome\//, "Chrome"], [/Safari\//, "Safari"]];
+  for (const [pattern, name] of byAgent) if (pattern.test(ua)) return name;
+  return "browser";
+}
+
+function today() {
+  const d = new Date();
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}`;
+}
+
+export const playgroundName = () => `playground · ${browserName()} · ${today()}`;
+
+// Runs `fn` while no other tab of this profile runs it.
+async function exclusively(fn, signal) {
+  if (navigator.locks && navigator.locks.request) return navigator.locks.request(LOCK, { signal }, fn);
+  // No navigator.locks (a plain-http address that is not localhost): a lease in IndexedDB, whose
+  // read-write transactions on one store never overlap, in any tab of the profile.
+  const me = `${Date.now()}-${Math.random().toString(36).slice(2)}`;
+  let db;
+  try {
+    db = await openLeases();
+  } catch (_) {
+    return fn(); // no IndexedDB either (a private window of some browsers): no lock to take
+  }
+  try {
+    for (;;) {
+      if (signal.aborted) throw new DOMException("aborted", "AbortError");
+      if (await lease(db, me, true)) break;
+      if (inferenceKey()) return await fn(); // another tab made it meanwhile: `fn` finds it
+      await sleep(RETRY_MS, signal);
+    }
+    try {
+      return await fn();
+    } finally {
+      await lease(db, me, false).catch(() => {});
+    }
+  } finally {
+    db.close();
+  }
+}
+
+function openLeases() {
+  return new Promise((resolve, reject) => {
+    const request = indexedDB.open(LEASES, 1);
+    request.onupgradeneeded = () => request.result.createObjectStore("lease");
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  });
+}
+
+// In one read-write transaction: takes the lease (`take`, when it is free, stale or already `me`'s)
+// or gives it back (when it is `me`'s). Resolves to whether `me` holds it afterwards.
+function lease(db, me, take) {
+  return new Promise((resolve, reject) => {
+    const tx = db.transaction("lease", "readwrite");
+    const leases = tx.objectStore("lease");
+    let mine = false;
+    const read = leases.get(LOCK);
+    read.onsuccess = () => {
+      const held = read.result;
+      const free = !held || held.at + LEASE_MS < Date.now() || held.id === me;
+      if (take && free) {
+        leases.put({ id: me, at: Date.now() }, LOCK);
+        mine = true;
+      } else if (!take && held && held.id === me) {
+        leases.delete(LOCK);
+      }
+    };
+    tx.oncomplete = () => resolve(mine);
+    tx.onerror = () => reject(tx.error);
+    tx.onabort = () => reject(tx.error);
+  });
 }
 
 export function createKeyPanel({ signal, onUse }) {
-  let key = inferenceKey();
-  let pending = null;
+  let ensuring = null;
+  let failed = false;
 
   const keyInput = h("input", { type: "password", name: "key", autocomplete: "off", spellcheck: "false",
     placeholder: "vu_…" });
-  const note = h("p.key-note", { hidden: true });
   const error = errorSlot();
-  const createKey = h("button.button.primary", { type: "button" }, "Create a playground key");
   const form = h("form.chat-key-form", { novalidate: true },
     field("Inference key", keyInput), h("div.actions", h("button.button", { type: "submit" }, "Use this key")));
   // Named by `title`, not aria-labelledby, so that the label "Inference key" names only the input.
-  const region = h("section.card.key-region", { role: "region", title: "Inference key", hidden: Boolean(key) },
-    h("h2", "Inference key"),
-    h("p", "The chat calls /v1 like any client, with an API key that has the inference scope. "
-      + "Create one for this browser (it is listed as “playground” on the API keys page), or paste one."),
-    note,
-    h("div.actions", createKey),
+  const region = h("details.chat-key", { role: "region", title: "Inference key" },
+    h("summary", "Use another key"),
+    h("p.chat-key-about", "The chat calls /v1 like any client, with a key that has the inference scope: "
+      + "this browser's playground key (listed on the API keys page, where it can be revoked), "
+      + "or one pasted here."),
     form,
     error);
 
-  const use = (value) => {
-    key = value;
-    keepInferenceKey(value);
-    region.hidden = true;
-    note.hidden = true;
-    showError(error, null);
-    onUse(value);
+  const refused = new Set(); // keys /v1 refused to this page
+  const usable = () => {
+    const now = inferenceKey();
+    return now && !refused.has(now) ? now : "";
   };
 
-  const createPlaygroundKey = async () => {
-    createKey.disabled = true;
-    showError(error, null);
-    try {
-      // The secret goes to the key's storage (above) and nowhere else.
-      const created = await api("POST", "/keys", { name: "playground", scopes: ["inference"] }, { signal });
-      use(created.secret);
-      toast("Created the key “playground” for this chat; it is kept in this browser.", "ok");
-    } catch (err) {
-      if (err.name === "AbortError" || err.status === 401) return;
-      showError(error, `The key could not be created: ${humanError(err)}`);
-    } finally {
-      createKey.disabled = false;
+  // Runs under the lock, with no usable key in the storage. Its secret goes to the key's storage
+  // (above) and nowhere else.
+  const create = async () => {
+    const stored = inferenceKey();
+    // A key id without its secret: forgotten at sign-out, nothing can use that key any more. (A
+    // refused key is left as the admin left it: a disabled one stays listed as disabled.)
+    const orphan = stored ? null : localStorage.getItem(KEY_ID);
+    const created = await api("POST", "/keys", { name: playgroundName(), scopes: ["inference"] }, { signal });
+    keep(created.secret, created.key.id);
+    if (orphan && orphan !== created.key.id) api("DELETE", `/keys/${encodeURIComponent(orphan)}`).catch(() => {});
+    if (stored) {
+      toast(`The chat's key was refused (deleted or disabled?); it now uses a new one, “${created.key.name}”.`, "info");
     }
+    return created.secret;
   };
-  createKey.addEventListener("click", () => {
-    pending = createPlaygroundKey().finally(() => { pending = null; });
-  });
+
+  // A usable key; made under the lock when this profile has none.
+  const ensure = () => {
+    const now = usable();
+    if (now) return Promise.resolve(now);
+    if (ensuring) return ensuring;
+    ensuring = (async () => {
+      try {
+        const key = await exclusively(async () => {
+          const found = usable(); // made by another tab while this one waited for the lock
+          if (found) return found;
+          const made = await create();
+          await sleep(PUBLISH_MS, signal);
+          return made;
+        }, signal);
+        failed = false;
+        showError(error, null);
+        return key;
+      } catch (err) {
+        if (err.name === "AbortError" || err.status === 401) return "";
+        failed = true;
+        region.open = true;
+        showError(error, `A playground key could not be created: ${humanError(err)}. Paste an inference key instead.`);
+        return "";
+      } finally {
+        ensuring = null;
+      }
+    })();
+    return ensuring;
+  };
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -101,28 +223,30 @@ export function createKeyPanel({ signal, onUse }) {
       // Anything else (no model running) says nothing against the key.
     }
     keyInput.value = "";
-    use(value);
+    refused.delete(value);
+    keep(value);
+    failed = false;
+    region.open = false;
+    toast("The chat now uses the key you pasted; it is kept in this browser.", "ok");
+    onUse(value);
   });
 
   return {
     element: region,
     get key() {
-      return key;
+      return usable();
     },
-    get pending() {
-      return pending;
+    get failed() {
+      return failed;
     },
-    drop() {
-      if (!key) return;
-      key = "";
-      forgetInferenceKey();
-      note.textContent = "The inference key was refused (deleted or disabled?). Create a new one or paste another.";
-      note.hidden = false;
-      region.hidden = false;
+    ensure,
+    // Only noted here: the storage is looked at (and the key replaced) under the lock, by ensure().
+    refused(key) {
+      if (key) refused.add(key);
     },
     ask() {
-      region.hidden = false;
-      createKey.focus();
+      region.open = true;
+      keyInput.focus();
     },
   };
 }

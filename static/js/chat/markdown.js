@@ -79,14 +79,15 @@ const PURIFY = {
 };
 
 // Copy that also works where navigator.clipboard does not exist (a console served over plain http).
-async function copyText(text) {
+// The textarea goes next to `near` (inside the chat page, whose CSS hides it off-screen).
+async function copyText(text, near) {
   if (navigator.clipboard && window.isSecureContext) {
     await navigator.clipboard.writeText(text);
     return;
   }
   const area = h("textarea.offscreen", { readonly: true, "aria-hidden": "true", tabindex: "-1" });
   area.value = text;
-  document.body.append(area);
+  near.after(area);
   area.select();
   const ok = document.execCommand("copy");
   area.remove();
@@ -97,7 +98,7 @@ export function copyCodeButton(getText, label = "Copy code") {
   const button = h("button.button.small.copy-code", { type: "button" }, label);
   button.addEventListener("click", async () => {
     try {
-      await copyText(getText());
+      await copyText(getText(), button);
       button.textContent = "Copied";
     } catch (_) {
       button.textContent = "Select and copy";

@@ -14,6 +14,9 @@
 // event of the answer. A 503 `model_loading` is asked again after its Retry-After (counted down in
 // `message.retryIn`), until LOAD_WAIT_MAX_MS have passed since the message was sent or the user
 // stops it. Neither field is saved: they describe this page's request, not the answer.
+//
+// A 401 (the key deleted or disabled) asks `onUnauthorized(err, key)` for the key that replaces it
+// (chat/key.js makes one) and sends the request once more with it; nothing was generated yet.
 
 import { readEvents } from "../http.js";
 import { putMessage } from "./store.js";
@@ -125,6 +128,7 @@ export class Runner {
   async #run(open, replaying) {
     const m = this.message;
     let retried = false;
+    let rekeyed = false;
     for (;;) {
       try {
         const response = await open();
@@ -169,7 +173,14 @@ export class Runner {
           continue; // asked again (an abort meanwhile ends it above, as stopped or detached)
         }
         if (err instanceof GatewayError && err.status === 401) {
-          this.onUnauthorized(err);
+          // The key was refused before anything was generated: a request (not a replay, which
+          // belongs to the refused key's session) goes once more with the key that replaces it.
+          const fresh = await this.onUnauthorized(err, this.key);
+          if (!replaying && !rekeyed && fresh && fresh !== this.key && !this.controller.signal.aborted) {
+            rekeyed = true;
+            this.key = fresh;
+            continue;
+          }
           return this.#finish("error", err.message);
         }
         if (isDrop(err) && !retried) {

@@ -11,7 +11,8 @@
 // else marked `error` with their partial text kept.
 //
 // Callbacks: {key() (the inference key now), onChange(message), onEnd(message) (after the runner
-// has left the set), onUnauthorized(), onSaveError(err)}.
+// has left the set), onUnauthorized(err, key) (a promise of the key that replaces a refused one,
+// runner.js), onSaveError(err)}.
 
 import { Runner } from "./runner.js";
 import { putMessage, streamingMessages } from "./store.js";

@@ -4,8 +4,11 @@
 // models.js (GET /v1/models), thread.js (the messages, drawn by view.js), composer.js;
 // conversation.js (conversations in memory; store.js keeps them in IndexedDB, tree.js walks their
 // branches), runners.js (the answers streaming, one runner.js each, over the /v1 client stream.js).
-// It talks to /v1 with the inference key, never with the admin credential; its only /api call is
-// key.js's POST /api/keys.
+// It talks to /v1 with the inference key, never with the admin credential; its only /api calls are
+// key.js's (the playground key made on first use).
+//
+// `/chat?model=<name>` opens a new conversation with that model chosen (the Deployments page's
+// "Chat" link); the address then becomes `/chat` again, so a reload shows the conversation.
 
 import { h, humanError, pageHeader, showError, toast } from "../ui.js";
 import * as store from "../chat/store.js";
@@ -40,8 +43,8 @@ export async function render(root, page) {
     },
   });
   const controls = createControls({ onChange: rememberChoices, onOpen: () => models.load() });
-  const models = createModelStatus({ controls, signal: page.signal, key: () => keys.key,
-    onRefused: () => keys.drop(), onChange: () => updateComposer(),
+  const models = createModelStatus({ controls, signal: page.signal, ensureKey: () => keys.ensure(),
+    onRefused: (key) => keys.refused(key), onChange: () => updateComposer(),
     onListed: () => runners.markLoading((name) => models.needsLoad(name)) });
   const thread = createThread({ onBranch: switchBranch, onEdit: startEdit, onRegenerate: regenerate });
   const composer = createComposer({
@@ -59,14 +62,20 @@ export async function render(root, page) {
       if (current && current.conversation.id === m.conversationId) updateComposer();
       models.load();
     },
-    onUnauthorized: () => keys.drop(),
+    onUnauthorized: (err, key) => {
+      keys.refused(key);
+      return keys.ensure(); // the next key (chat/key.js); the runner asks once more with it
+    },
     onSaveError: (err) => showError(composer.error, `The answer could not be saved in this browser: ${humanError(err)}`),
   });
   const isBusy = (entry) => Boolean(entry) && runners.busy(entry.conversation.id);
+  let sending = false; // a message on its way to the composer's checks (ready())
 
   root.append(h("div.chat-layout",
     sidebar.element,
-    h("div.chat-main", keys.element, controls.element, models.element, thread.element, composer.element)));
+    h("div.chat-main", controls.element, models.element, thread.element, composer.element, keys.element)));
+  // On a narrow screen the list starts folded, so that the composer is in view ("Show list").
+  if (matchMedia(NARROW).matches) sidebar.setCollapsed(true);
 
   function renderThread() {
     thread.render(current, isBusy(current));
@@ -75,10 +84,10 @@ export async function render(root, page) {
 
   function updateComposer() {
     const busy = isBusy(current);
-    // With a key, nothing is sent before /v1/models has named a model: a request without one
-    // would go to whatever the server defaults to, or fail (docs/chat.md). Without a key, Send
-    // stays clickable and says what is missing.
-    composer.update(busy, Boolean(keys.key) && !controls.hasModel());
+    // Nothing is sent before /v1/models has named the model chosen: a request without one would
+    // go to whatever the server defaults to, or fail (docs/chat.md). When no key could be made,
+    // Send stays clickable and says what is missing.
+    composer.update(busy, !(keys.failed && !keys.key) && !controls.hasModel());
     models.check(); // a model chosen that is no longer served says so
     thread.setBusy(busy);
   }
@@ -151,22 +160,21 @@ export async function render(root, page) {
   }
 
   // --- sending, branches ---------------------------------------------------------------------------------
-  // Checks the composer's preconditions; the model and parameters to use, or null.
-  function ready() {
+  // Checks the composer's preconditions, with a key (made on first use) and the models listed
+  // again (what the listing says decides whether anything is sent); the model and parameters to
+  // use, or null. Where the banner already says that nothing serves the model, it is not repeated.
+  async function ready() {
+    if (await keys.ensure()) await models.load();
     if (!keys.key) {
-      showError(composer.error, "Create or paste an inference key first (above).");
+      showError(composer.error, "No inference key: paste one under “Use another key” (below).");
       keys.ask();
       return null;
     }
     const choice = controls.read();
     if (!controls.check(choice.errors)) return null;
-    if (!choice.model) {
-      showError(composer.error, NO_MODEL);
-      return null;
-    }
     const gone = controls.unavailable();
-    if (gone.length) {
-      showError(composer.error, goneText(gone));
+    if (!choice.model || gone.length) {
+      showError(composer.error, models.unserved ? null : choice.model ? goneText(gone) : NO_MODEL);
       return null;
     }
     return choice;
@@ -187,9 +195,8 @@ export async function render(root, page) {
     localStorage.setItem(CURRENT, entry.conversation.id);
     await refreshList();
     for (const m of answers) runners.start(m, requestBody(entry, user, m.model, choice.params));
-    // "loading <model>…" at once where the picker said so, then as the listing after sending says.
+    // "loading <model>…" at once where the listing made before sending says so (or a later one).
     runners.markLoading((name) => models.needsLoad(name));
-    models.load();
     renderThread();
     if (matchMedia(NARROW).matches) sidebar.setCollapsed(true);
     toBottom();
@@ -204,17 +211,20 @@ export async function render(root, page) {
       input.focus();
       return;
     }
-    if (isBusy(current)) return;
-    if (!keys.key && keys.pending) await keys.pending;
-    if (keys.key && models.loading) await models.loading;
-    const choice = ready();
-    if (!choice) return;
-    const entry = current || newEntry(text, choice);
-    const path = visiblePath(entry.conversation, entry.messages);
-    const parent = path.length ? path[path.length - 1] : null;
-    const user = entries.newMessage(entry, { role: "user", content: text, parentId: parent ? parent.id : null });
-    if (await answer(entry, user, choice, [user])) input.value = "";
-    input.focus();
+    if (isBusy(current) || sending) return;
+    sending = true; // (a second press while the models are listed sends nothing more)
+    try {
+      const choice = await ready();
+      if (!choice || isBusy(current)) return;
+      const entry = current || newEntry(text, choice);
+      const path = visiblePath(entry.conversation, entry.messages);
+      const parent = path.length ? path[path.length - 1] : null;
+      const user = entries.newMessage(entry, { role: "user", content: text, parentId: parent ? parent.id : null });
+      if (await answer(entry, user, choice, [user])) input.value = "";
+    } finally {
+      sending = false;
+      input.focus();
+    }
   }
 
   function switchBranch(id) {
@@ -227,11 +237,12 @@ export async function render(root, page) {
     thread.focusBranches(id);
   }
 
-  function regenerate(m) {
+  async function regenerate(m) {
     if (!current || isBusy(current)) return;
-    const user = current.messages.get(m.parentId);
-    const choice = user && ready();
-    if (choice) answer(current, user, choice, []);
+    const entry = current;
+    const user = entry.messages.get(m.parentId);
+    const choice = user && (await ready());
+    if (choice && !isBusy(entry)) answer(entry, user, choice, []);
   }
 
   function startEdit(m, item) {
@@ -239,8 +250,8 @@ export async function render(root, page) {
     const entry = current;
     editMessage(item, m, async (text) => {
       if (isBusy(entry)) return false;
-      const choice = ready();
-      if (!choice) return false;
+      const choice = await ready();
+      if (!choice || isBusy(entry)) return false;
       // A sibling of the edited message: a new branch; the old one stays as it was.
       const user = entries.newMessage(entry, { role: "user", content: text, parentId: m.parentId });
       return !(await answer(entry, user, choice, [user]));
@@ -249,7 +260,7 @@ export async function render(root, page) {
 
   // Answers left `streaming` by a reload or another page: resumed, or marked as incomplete.
   async function resumeAll() {
-    if (!keys.key) return;
+    if (!(await keys.ensure())) return;
     try {
       if (await runners.resumeStale(entries, page.signal)) {
         runners.markLoading((name) => models.needsLoad(name)); // as the last listing said, if it has answered
@@ -257,7 +268,7 @@ export async function render(root, page) {
       }
     } catch (err) {
       if (err.name === "AbortError") return;
-      if (err.status === 401) keys.drop();
+      if (err.status === 401) keys.refused(keys.key);
       else showError(composer.error, `Unfinished answers could not be looked up: ${humanError(err)}`);
     }
   }
@@ -275,14 +286,19 @@ export async function render(root, page) {
     sidebar.error(err);
     return;
   }
+  const wanted = new URLSearchParams(location.search).get("model");
   const remembered = localStorage.getItem(CURRENT);
-  if (remembered && conversations.some((c) => c.id === remembered)) {
+  if (wanted) {
+    // /chat?model=<name>: a new conversation with that model (shown unavailable if nothing serves it).
+    controls.apply({ model: wanted });
+    show(null);
+    history.replaceState(history.state, "", "/chat");
+  } else if (remembered && conversations.some((c) => c.id === remembered)) {
     await openConversation(remembered);
   } else {
     renderThread();
   }
-  if (keys.key) {
-    models.load();
-    resumeAll();
-  }
+  // The first use of the chat in this browser profile makes its key (chat/key.js).
+  models.load();
+  resumeAll();
 }
