@@ -91,7 +91,9 @@ def test_the_checklist_follows_a_fresh_data_dir_and_the_machine_is_shown(
         expect(model_step).to_have_attribute("data-done", "false")
         for step in ("deployment", "key", "request"):
             expect(checklist.locator(f'li[data-step="{step}"]')).to_have_attribute("data-done", "false")
-        expect(model_step.get_by_role("link", name="Add model")).to_have_attribute("href", "/models")
+        # The first step is done in place: the add form is in the checklist, the Models page beside it.
+        expect(model_step.locator("form.add-model-form input[name='source']")).to_be_editable()
+        expect(model_step.get_by_role("link", name="Models page")).to_have_attribute("href", "/models")
         # No dead end: nothing offers "Start a model", and vLLM's own address is not the one to use.
         expect(page.get_by_text("Start a model")).to_have_count(0)
         runtime = page.get_by_role("region", name="Runtime")
@@ -107,7 +109,7 @@ def test_the_checklist_follows_a_fresh_data_dir_and_the_machine_is_shown(
         expect(machine.locator("dd", has_text="free of")).to_have_count(2)
         settled(page)
         screenshot(page, "first-run-checklist")
-        page.get_by_role("link", name="Add model").click()
+        page.get_by_role("link", name="Models page").click()
         expect(page.get_by_role("heading", name="Models", level=1)).to_be_visible()
 
         # A model is downloaded (through the API, as any client may): the step is done on the Overview.

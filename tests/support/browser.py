@@ -106,7 +106,7 @@ class Watched:
 
 
 def new_page(browser: Browser, origin: str, **context: Any) -> Watched:
-    ctx = browser.new_context(viewport={"width": 1280, "height": 860}, **context)
+    ctx = browser.new_context(**{"viewport": {"width": 1280, "height": 860}, **context})
     ctx.set_default_timeout(15_000)
     return Watched(ctx.new_page(), origin)
 

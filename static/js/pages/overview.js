@@ -11,7 +11,9 @@
 // scrolls to the card; the console's router drops the fragment on an in-app link, so `?model=` alone
 // does the same.
 import { api } from "../api.js";
+import { addModelForm } from "../add-model.js";
 import { connectPanel, modelNames } from "../connect.js";
+import { deployLink } from "./model-actions.js";
 import { runtimeWord, stateBadge } from "../states.js";
 import { summarize } from "../status.js";
 import { empty, every, formatBytes, formatDuration, h, humanError, pageHeader, placeholder, progressBar } from "../ui.js";
@@ -25,6 +27,8 @@ export async function render(root, page) {
     h("h2#ov-connect", { tabindex: "-1" }, "Connect a client"),
     h("p.purpose", "What a program or a colleague needs to use a model here: the address, a key and a model name."),
     connect.element);
+  // The checklist's "Add a model" form: one element kept across refreshes (what is typed stays).
+  const addForm = addModelForm({ signal: page.signal, card: false, onAdded: () => refresh() });
   const loading = h("div.overview-loading", placeholder(6));
   // The cards in order; each slot's element is replaced on refresh, the connect card stays.
   const slots = ["checklist", "connect", "runtime", "counts", "machine", "system", "gpus"];
@@ -50,7 +54,7 @@ export async function render(root, page) {
       ]);
       error.hidden = true;
       const deployments = listed.deployments;
-      put("checklist", checklist({ models: models.models, deployments, keys: keys.keys, counts: dash.counts }));
+      put("checklist", checklist({ models: models.models, deployments, keys: keys.keys, counts: dash.counts, addForm }));
       connect.setModels(modelNames(deployments, runtime));
       put("runtime", runtimeCard(runtime, models.models, deployments));
       put("counts", countsCard(dash.counts, models.models));
@@ -78,10 +82,13 @@ export async function render(root, page) {
 }
 
 // The first-run checklist: each step says what to do and links to where; gone once all are done.
-function checklist({ models, deployments, keys, counts }) {
+// The model step holds the add form itself (the first thing a new operator does, in place); once a
+// model is downloaded the deployment step's link is that model's "Deploy".
+function checklist({ models, deployments, keys, counts, addForm }) {
   const downloaded = models.filter((m) => m.status === "ready");
   const downloading = models.some((m) => m.status === "downloading");
-  const clientKey = keys.some((k) => k.enabled && k.scopes.includes("inference"));
+  // The chat's own key ("playground · …", docs/chat.md) is made by opening the chat: not a client's.
+  const clientKey = keys.some((k) => k.enabled && k.scopes.includes("inference") && !k.name.startsWith("playground"));
   const steps = [
     { step: "token", done: true, title: "Sign in with the admin token", text: "Done: you are signed in." },
     {
@@ -89,14 +96,14 @@ function checklist({ models, deployments, keys, counts }) {
       text: downloading
         ? "A model is downloading; it can be deployed once it is downloaded."
         : "A Hugging Face repository (or a folder on this machine): it is checked, then downloaded at once.",
-      link: downloading ? ["/downloads", "See the download"] : ["/models", "Add model"],
+      link: downloading ? ["/downloads", "See the download"] : null,
+      form: downloading ? null : addForm,
+      also: downloading ? null : ["/models", "Models page"],
     },
     {
       step: "deployment", done: deployments.length > 0, title: "Deploy it",
       text: "A deployment is a name clients ask for; it loads the model on the first request, or when you load it.",
-      link: downloaded.length
-        ? [`/deployments?model=${encodeURIComponent(downloaded[0].id)}`, "Deploy"]
-        : ["/deployments", "Deployments"],
+      link: downloaded.length ? deployLink(downloaded[0].id) : ["/deployments", "Deployments"],
     },
     {
       step: "key", done: clientKey, title: "Create a key for a client",
@@ -119,13 +126,16 @@ function checklist({ models, deployments, keys, counts }) {
       h("div",
         h("strong", s.title), " ", h("span.step-state", s.done ? "done" : "to do"),
         h("p", s.text),
-        !s.done && s.link ? h("div.actions", stepLink(s.link, s.step),
+        !s.done && s.form ? s.form : null,
+        !s.done && (s.link || s.also) ? h("div.actions", s.link ? stepLink(s.link, s.step) : null,
           s.also ? h("a.button.small.quiet", { href: s.also[0] }, s.also[1]) : null) : null)))));
 }
 
 // A link to a page, or (for "#connect") a button that scrolls to the card: the console's router
 // would take a fragment link for a new visit of this page.
-function stepLink([href, label], step) {
+function stepLink(link, step) {
+  if (link instanceof Node) return link;
+  const [href, label] = link;
   if (href !== "#connect") return h("a.button.small", { href, dataset: { action: step } }, label);
   return h("button.button.small", { type: "button", dataset: { action: step }, onclick: () => {
     const card = document.getElementById("connect");
