@@ -5,6 +5,11 @@
 // both are run/aborted when the user leaves the page. Routes are the table below; a route with a
 // `parent` is not in the navigation, which marks its parent while it is shown. The top bar's
 // "vLLM: …" is status.js's, followed while signed in.
+//
+// Page-scoped CSS (docs/console.md): while a page is shown, <body> carries `data-page="<name>"`,
+// the name of its module (pages/keys.js → "keys"), and every selector in css/pages/<name>.css
+// starts with `[data-page="<name>"]`, so one page's rules never style another page. It is the
+// body, not <main>, because pages also append dialogs and helpers to the body.
 
 import { credential, forget } from "./session.js";
 import { followStatus, stopStatus } from "./status.js";
@@ -32,6 +37,11 @@ const topbar = document.getElementById("topbar");
 const menuButton = document.getElementById("menu-button");
 let current = null; // { cleanup: [], controller }
 let signinReason = "";
+
+// The page's name: its module's file name (the CSS scope, see the header).
+function pageName(route) {
+  return route.module.replace(/^.*\//, "").replace(/\.js$/, "");
+}
 
 function routeFor(pathname) {
   if (!credential()) return SIGNIN;
@@ -77,6 +87,7 @@ export async function show(target, { replace = false, push = true } = {}) {
   const page = { cleanup: [], controller, signal: controller.signal, reason: signinReason };
   current = page;
   if (!route) {
+    document.body.dataset.page = "not-found";
     clear(root, h("header.page-header", h("h1", "Page not found")),
       h("p", "There is no page at this address. ", h("a", { href: "/" }, "Go to the overview.")));
     return;
@@ -84,12 +95,14 @@ export async function show(target, { replace = false, push = true } = {}) {
   try {
     const module = await import(route.module);
     if (current !== page) return; // the user moved on while the module loaded
+    document.body.dataset.page = pageName(route);
     clear(root);
     await module.render(root, page);
   } catch (error) {
     if (error && error.name === "AbortError") return;
     if (current !== page) return;
     if (error && error.status === 401) return; // the sign-in page is on its way
+    document.body.dataset.page = pageName(route);
     clear(root, h("header.page-header", h("h1", route.title)),
       h("p.error-text", { role: "alert" }, `This page could not be shown: ${humanError(error)}`));
   }
