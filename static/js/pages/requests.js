@@ -52,7 +52,7 @@ export async function render(root, page) {
   const clearButton = h("button.button.quiet", { type: "button" }, "Clear filters");
   const filterForm = h("form.requests-filters", { "aria-label": "Filters", novalidate: true },
     field("Key", keySelect), field("Model contains", modelInput), models, field("Status", statusInput), statuses,
-    field("From", sinceInput), field("To", untilInput),
+    h("div.requests-range", field("From", sinceInput), field("To", untilInput)),
     h("div.actions", h("button.button", { type: "submit" }, "Apply"), clearButton));
 
   const controls = h("div.requests-controls",
