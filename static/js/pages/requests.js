@@ -23,7 +23,6 @@ import {
 
 const LIMITS = [50, 200, 1000];
 const REFRESH_MS = 3000;
-const FILTERS = ["key_id", "model", "status", "since", "until"];
 const COLUMNS = [
   ["Time", "requests-time"], ["Key", "requests-key"], ["Model", "requests-model"], ["Request", "requests-path"],
   ["Status", "requests-status"], ["Latency (ms)", "requests-latency num"], ["Request ID", "requests-id"],
@@ -46,7 +45,7 @@ export async function render(root, page) {
     [["2xx", "succeeded"], ["4xx", "refused or invalid"], ["5xx", "failed"], ["499", "client went away"]]
       .map(([value, label]) => h("option", { value }, label)));
   const statusInput = h("input", { type: "search", name: "status", list: statuses.id, placeholder: "e.g. 4xx, 404",
-    autocomplete: "off", size: 12 });
+    autocomplete: "off" });
   const sinceInput = h("input", { type: "datetime-local", name: "since" });
   const untilInput = h("input", { type: "datetime-local", name: "until" });
   const clearButton = h("button.button.quiet", { type: "button" }, "Clear filters");
@@ -124,10 +123,11 @@ export async function render(root, page) {
   const readAddress = () => {
     const query = new URLSearchParams(location.search);
     keySelect.value = "";
-    if (query.get("key_id")) {
-      keyNames.has(query.get("key_id")) || keyNames.set(query.get("key_id"), { name: null, deleted: false });
+    const keyId = query.get("key_id");
+    if (keyId) {
+      if (!keyNames.has(keyId)) keyNames.set(keyId, { name: null, deleted: false });
       fillKeys();
-      keySelect.value = query.get("key_id");
+      keySelect.value = keyId;
     }
     modelInput.value = query.get("model") || "";
     statusInput.value = query.get("status") || "";
