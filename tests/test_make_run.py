@@ -171,3 +171,55 @@ def test_make_vllm_refuses_an_unknown_build(tmp_path: Path) -> None:
     done = dry_run(tmp_path, None, VLLM_BUILD="gpu")
     assert done.returncode != 0
     assert "VLLM_BUILD must be cuda or cpu, not 'gpu'" in done.stderr
+
+
+def make_vllm(venv: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**{k: v for k, v in os.environ.items() if k != "VLLM_BUILD"}, **env}
+    return subprocess.run(
+        ["make", "--no-print-directory", "vllm", f"VLLM_VENV={venv}"],
+        cwd=REPO,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("build", "stamps", "says"),
+    [
+        ("cuda", {".vllm-build": "cuda 0.32.0"}, "vllm 0.32.0 (CUDA) already installed"),
+        (
+            "cpu",
+            {".vllm-build": "cpu 0.32.0", ".vllm-cpu-installed": "0.32.0+cpu"},
+            "vllm 0.32.0+cpu already installed",
+        ),
+    ],
+)
+def test_make_vllm_again_installs_nothing(
+    tmp_path: Path, build: str, stamps: dict[str, str], says: str
+) -> None:
+    """A .vllm that holds the build already: `make vllm` says so and touches nothing (no pip runs:
+    the venv has no python for it)."""
+    venv = tmp_path / "venv"
+    script(venv / "bin" / "vllm", "echo 0.32.0")
+    for name, text in stamps.items():
+        (venv / name).write_text(text + "\n")
+    before = sorted(p.name for p in venv.rglob("*"))
+    done = make_vllm(venv, VLLM_BUILD=build)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert says in done.stdout
+    assert sorted(p.name for p in venv.rglob("*")) == before
+
+
+def test_make_vllm_never_mixes_the_builds_in_one_venv(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    script(venv / "bin" / "vllm", "echo 0.32.0+cpu")
+    (venv / ".vllm-build").write_text("cpu 0.32.0\n")
+    done = make_vllm(venv, VLLM_BUILD="cuda")
+    assert done.returncode != 0
+    assert (
+        f"{venv} holds another vLLM build (cpu 0.32.0); remove it (rm -rf {venv}) and run again"
+        in done.stderr
+    )
+    assert (venv / ".vllm-build").read_text() == "cpu 0.32.0\n"
