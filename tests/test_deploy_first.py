@@ -12,6 +12,7 @@ Real server over HTTP, the fake vLLM (tests/fakes/vllm.py, which prints vLLM 0.3
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,32 @@ def test_an_option_that_needs_another_is_refused_at_create_update_and_switch_and
     assert server.fetch("/api/deployments/tools", "PATCH", json=fixed).status_code == 200
     assert server.fetch("/api/runtime").json()["state"] == "stopped"
     assert list(records.iterdir()) == []  # no vLLM was ever started
+
+
+def test_a_row_saved_before_the_rule_is_refused_at_load_and_nothing_spawns(
+    tmp_path: Path, records: Path
+) -> None:
+    """A deployment saved with an option that needs another (by an older vllm-use) still reads, and
+    its load is the 400 naming the field, before room is made or anything spawns."""
+    vllm = fake_vllm_bin(tmp_path / "bin", max_lifetime=120, record=records / "{pid}.json")
+    first = free_port()
+    flags = ("--vllm-bin", str(vllm), "--runtime-ports", f"{first}-{first + 9}")
+    server = start_server(tmp_path / "data", *flags)
+    try:
+        assert create(server, {"name": "old", "model_id": small_model(server)}).status_code == 201
+    finally:
+        server.stop()
+    with sqlite3.connect(tmp_path / "data" / "vllm-use.db") as db:
+        db.execute("""UPDATE deployments SET options = '{"enable_auto_tool_choice":true}'""")
+    server = start_server(tmp_path / "data", *flags)
+    try:
+        assert server.fetch("/api/deployments/old").json()["options"] == {"enable_auto_tool_choice": True}
+        r = load(server, "old")
+        assert r.status_code == 400 and "options.enable_auto_tool_choice" in field_errors(r), r.text
+        assert server.fetch("/api/deployments/old").json()["instance"]["state"] == "unloaded"
+        assert list(records.iterdir()) == []
+    finally:
+        server.stop()
 
 
 def test_extra_flags_that_disagree_with_typed_options_are_refused_naming_extra_args(server: Server) -> None:

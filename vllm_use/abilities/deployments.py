@@ -258,6 +258,8 @@ async def begin_load(app: AppContext, name: str, one_more: bool = False) -> Chil
                 f"deployment {name} is {supervisor.state}; unload it first", state=supervisor.state.value
             )
         _, path = await ready_model_path(call, saved["model_id"])  # just before the spawn
+        # A row saved before a rule existed: refused before room is made (no instance evicted for it).
+        check_together(RuntimeOptions.model_validate_json(json.dumps(saved["options"])))
         await app.instances.make_room(name, one_more=one_more)
         return app.instances.spawn(saved, path)
 

@@ -43,7 +43,7 @@ import { instanceLog } from "./deployment-log.js";
 const RECONNECT_MS = 2000;
 const LOADABLE = new Set(["unloaded", "failed"]); // no live instance: Load starts one
 const NOTES = {
-  unloaded: "It loads when a /v1 request names it, or when you press Load.",
+  unloaded: "Saved, not running: press Load, or send it a /v1 request (it loads when named, unless vllm-use runs with --no-autoload).",
   starting: "vLLM is loading the model; this can take minutes. Unload cancels it.",
   stopping: "The instance is stopping.",
   sleeping: "The instance sleeps: its weights are off the GPU. Wake it, or send it a request.",
