@@ -22,7 +22,6 @@ import pytest
 from tests.fakes import fake_vllm_bin
 from tests.support.deployments import START_TIMEOUT_S, create, load, register
 from tests.support.server import Server, free_port, start_server
-from vllm_use.runtime.failure import explain
 
 TOOLS_ALONE = {"enable_auto_tool_choice": True}
 # Above the model's max_position_embeddings (config.json below): only vLLM knows that one.
@@ -178,45 +177,3 @@ def test_an_engine_that_dies_at_start_stays_a_502_and_says_its_last_exception(tm
         )
     finally:
         server.stop()
-
-
-# --- the reason, from vLLM's own lines (vllm_use/runtime/failure.py) ------------------------------
-
-
-def test_the_reason_is_vllms_argparse_error_or_its_root_exception() -> None:
-    argparse = [
-        "usage: vllm serve [model_tag] [options]",
-        "vllm serve: error: argument --dtype: invalid choice: 'x' (choose from auto, half)",
-    ]
-    assert explain(argparse, 2).reason == "argument --dtype: invalid choice: 'x' (choose from auto, half)"
-    assert explain(argparse, 2).refused
-
-    tools = [
-        "Traceback (most recent call last):",
-        '  File "/opt/vllm/bin/vllm", line 10, in <module>',
-        "TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser",
-    ]
-    assert explain(tools, 1).reason == "--enable-auto-tool-choice requires --tool-call-parser"
-    assert explain(tools, 1).refused
-
-    cache = [
-        "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig",
-        "gpu_memory_utilization",
-        "  Input should be less than or equal to 1 [type=less_than_equal, input_value=5.0]",
-    ]
-    assert explain(cache, 1).reason == (
-        "1 validation error for CacheConfig: gpu_memory_utilization: Input should be less than or equal to 1"
-    )
-
-    # The engine's root cause, logged by its process, before the exception that points at it; memory
-    # is the machine's, not the options'.
-    engine = [
-        "(EngineCore_DP0 pid=7) ERROR 12-02 06:00:00 [core.py:708] Traceback (most recent call last):",
-        "(EngineCore_DP0 pid=7) ERROR 12-02 06:00:00 [core.py:708] ValueError: No available memory for "
-        "the cache blocks. Try increasing `gpu_memory_utilization`.",
-        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
-    ]
-    why = explain(engine, 1)
-    assert why.reason == "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."
-    assert not why.refused
-    assert explain(["INFO: loading", "Killed"], 137) == explain([], 137)  # nothing to say: no reason
