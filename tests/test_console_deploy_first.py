@@ -219,6 +219,8 @@ def test_the_runtime_page_says_serving_offers_next_steps_and_after_stop_nothing_
                 "href", f"/?model={quote(served, safe='')}#connect"
             )
             assert not READY.search(visible_text(page)), visible_text(page)
+            # vLLM's own port is labelled as internal: it skips keys and audit.
+            expect(state).to_contain_text("(internal: clients use this server's /v1)")
 
             page.get_by_role("button", name="Stop", exact=True).click()
             page.get_by_role("dialog", name="Stop vLLM?").get_by_role("button", name="Stop").click()

@@ -125,7 +125,9 @@ export async function render(root, page) {
       const loading = st.starting_for_s + (performance.now() - receivedAt) / 1000;
       rows.push(["Loading for", `${formatDuration(loading)} of at most ${formatDuration(st.start_timeout_s)}`]);
     }
-    rows.push(["Gateway upstream", st.upstream ? h("code", st.upstream) : "—"]);
+    // vLLM's own port skips keys and audit: labelled as internal; clients use this server's /v1.
+    rows.push(["/v1 forwards to", st.upstream
+      ? [h("code", st.upstream), h("span.hint.runtime-internal", " (internal: clients use this server's /v1)")] : "—"]);
     if (st.error && st.state !== "failed") rows.push(["Last error", st.error]);
     clear(facts, rows.map(([k, v]) => [h("dt", k), h("dd", v)]));
 
