@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.support.browser import Watched, screenshot, signed_in_on
+from tests.support.browser import Watched, new_page, screenshot, sign_in, signed_in_on
+from tests.support.deployments import register
+from tests.support.gpus import gpu_server
 from tests.support.server import free_port
 from tests.support.stack import Stack, console_stack
 
@@ -242,3 +245,36 @@ def test_the_runtime_page_says_serving_offers_next_steps_and_after_stop_nothing_
         # Followed through its event stream: the state was read once, never polled.
         sent: list[str] = watched.requests  # type: ignore[attr-defined]
         assert len([r for r in sent if r.startswith("GET ") and r.endswith("/api/runtime")]) == 1, sent
+
+
+def test_where_nvml_shows_a_gpu_the_form_leads_with_gpu_options_and_the_preset_is_off_but_offered(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """On a GPU machine (faked: tests/support/gpus.py) the CPU preset is not applied by itself and the
+    GPU options are where the schema puts them, first; the toggle still applies it on request."""
+    server = gpu_server(tmp_path)
+    try:
+        alpha = register(server, "alpha")
+        watched = new_page(browser, server.base_url)
+        sign_in(watched, server.admin_token or "", f"/deployments?model={alpha}")
+        page = watched.page
+        form = page.get_by_role("region", name="Create a deployment")
+        expect(form.get_by_role("textbox", name="Name", exact=True)).to_have_value("alpha")
+        preset = form.get_by_label("CPU preset", exact=True)
+        expect(preset).not_to_be_checked()
+        form.get_by_text("Options", exact=True).click()
+        expect(form.get_by_text("GPU options", exact=True)).to_have_count(0)
+        options = form.locator("details.deployment-options .schema-form")
+        assert options.locator(".field label").first.inner_text().strip() in GPU_LABELS
+        expect(form.get_by_label("GPU memory utilization", exact=True)).to_be_visible()
+        expect(form.get_by_label("Dtype", exact=True)).to_have_value("")
+        preset.check()
+        expect(form.get_by_label("Dtype", exact=True)).to_have_value("float32")
+        form.get_by_role("button", name="Create", exact=True).click()
+        expect(card(page, "alpha")).to_be_visible()
+        [row] = server.fetch("/api/deployments").json()["deployments"]
+        assert row["options"]["dtype"] == "float32" and row["instance"]["state"] == "unloaded"
+        page.context.close()
+        watched.assert_clean()
+    finally:
+        server.stop()
