@@ -150,6 +150,10 @@ def test_deploy_link_opens_the_form_with_the_cpu_preset_and_create_and_load_serv
     expect(chat).to_be_hidden()
     expect(connect).to_be_hidden()
 
+    # Deploy again: the name made from the model's is free.
+    page.goto(f"{stack.url}/deployments?model={tiny}")
+    expect(form.get_by_role("textbox", name="Name", exact=True)).to_have_value("Tiny-chat-v1-2")
+
 
 def test_an_option_that_needs_another_is_refused_by_its_field_and_nothing_is_saved(
     watched: Watched, stack: Stack

@@ -181,7 +181,8 @@ export function createForm(ctx, created) {
   const wanted = ctx.wanted ? ctx.ready.find((m) => m.id === ctx.wanted) : null;
   const notReady = ctx.wanted && !wanted
     ? h("p.hint.deployment-wanted", { role: "status" },
-      `The model ${ctx.modelNames.get(ctx.wanted) || ctx.wanted} is not downloaded yet: choose a downloaded one, or wait for its download.`)
+      `The model ${ctx.modelNames.get(ctx.wanted) || ctx.wanted} is not downloaded yet: `
+      + "choose a downloaded one, or wait for its download.")
     : null;
   const suggestName = () => {
     const model = ctx.ready.find((m) => m.id === fields.select.value);

@@ -6,18 +6,19 @@
 // Runtime page (/runtime), which runs one model alone.
 //
 // The first ten minutes (docs/router.md, "The Deployments page"): `/deployments?model=<model id>`
-// (the Models page's Deploy) opens the create form with that model chosen and a name made from its name; where no GPU is found
-// (GET /api/gpus: NVML missing, or no GPU) the form applies the CPU preset and keeps the GPU options
-// under their own disclosure; "Create and load" creates the deployment, then loads it, and its card
-// shows it loading, then serving. A serving deployment's card offers the next steps: Chat
-// (/chat?model=<name>) and Connect a client (/?model=<name>#connect). A failed load says vLLM's
-// reason (the instance's `error`, docs/runtime.md "Failed starts") right by the Load button, with the
-// last lines below. States are shown in the console's words (../states.js): deployed, loading,
-// serving, sleeping, stopping, failed.
+// (the Models page's Deploy) opens the create form with that model chosen and a name made from its
+// name; where no GPU is found (GET /api/gpus: NVML missing, or no GPU) the form applies the CPU
+// preset and keeps the GPU options under their own disclosure; "Create and load" creates the
+// deployment, then loads it, and its card shows it loading, then serving. A serving deployment's
+// card offers the next steps: Chat (/chat?model=<name>) and Connect a client
+// (/?model=<name>#connect). A failed load says vLLM's reason (the instance's `error`,
+// docs/runtime.md "Failed starts") right by the Load button, with the last lines below. States are
+// shown in the console's words (../states.js): deployed, loading, serving, sleeping, stopping, failed.
 //
 // API: GET /api/deployments, GET /api/models (the ready models to choose from, and names for ids),
-// GET /api/gpus (whether to lead with the CPU preset; a failure only leaves it off) and GET /api/methods (the forms are generated from deployments.create's published input schema,
-// and edit only what deployments.update takes; see ../schema-form.js) once; then the Server-Sent
+// GET /api/gpus (whether to lead with the CPU preset; a failure only leaves it off) and
+// GET /api/methods (the forms are generated from deployments.create's published input schema, and
+// edit only what deployments.update takes; see ../schema-form.js) once; then the Server-Sent
 // Events of GET /api/deployments/events: `deployment` {deployment} for each one at once and at each
 // change, `deleted` {name} once one is gone (no polling; one GET /api/deployments each time the
 // stream reconnects). POST /api/deployments (create), PATCH /api/deployments/{name} (edit: every
@@ -43,7 +44,8 @@ import { instanceLog } from "./deployment-log.js";
 const RECONNECT_MS = 2000;
 const LOADABLE = new Set(["unloaded", "failed"]); // no live instance: Load starts one
 const NOTES = {
-  unloaded: "Saved, not running: press Load, or send it a /v1 request (it loads when named, unless vllm-use runs with --no-autoload).",
+  unloaded: "Saved, not running: press Load, or send it a /v1 request (it loads when named, "
+    + "unless vllm-use runs with --no-autoload).",
   starting: "vLLM is loading the model; this can take minutes. Unload cancels it.",
   stopping: "The instance is stopping.",
   sleeping: "The instance sleeps: its weights are off the GPU. Wake it, or send it a request.",
@@ -78,7 +80,9 @@ export async function render(root, page) {
   const ready = models.models.filter((m) => m.status === "ready");
   const modelNames = new Map(models.models.map((m) => [m.id, m.name]));
   const wanted = new URLSearchParams(location.search).get("model");
-  const ctx = { signal, schemas, ready, modelNames, noGpu: noGpu(gpus), wanted, taken: () => new Set(cards.keys()) };
+  const ctx = {
+    signal, schemas, ready, modelNames, noGpu: noGpu(gpus), wanted, taken: () => new Set(cards.keys()),
+  };
 
   const cards = new Map(); // name → card
   const deletedAt = new Map(); // name → when an event said it was gone (a stale listing must not bring it back)
@@ -138,14 +142,14 @@ export async function render(root, page) {
     }
   };
 
+  showList(listed.deployments, performance.now()); // first: the create form's name avoids theirs
   const create = createForm(ctx, (deployment) => upsert(deployment, performance.now()));
-  if (wanted) create.scrollIntoView({ block: "start" });
   clear(body,
     h("section.deployment-section", { "aria-labelledby": "deployments-title" },
       h("div.deployment-section-head", h("h2#deployments-title", "Deployments"), live),
       listError, list),
     create);
-  showList(listed.deployments, performance.now());
+  if (wanted) create.scrollIntoView({ block: "start" }); // came from a model's Deploy: the form first
 
   // Follow the event stream until the page is left; after it ends or fails, list again and reconnect.
   const setLive = (on) => {
