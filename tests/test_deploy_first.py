@@ -177,3 +177,17 @@ def test_an_engine_that_dies_at_start_stays_a_502_and_says_its_last_exception(tm
         )
     finally:
         server.stop()
+
+
+def test_a_missing_vllm_is_named_in_the_failure(tmp_path: Path) -> None:
+    first = free_port()
+    missing = str(tmp_path / "nowhere" / "vllm")
+    server = start_server(tmp_path / "data", "--vllm-bin", missing, "--runtime-ports", f"{first}-{first + 9}")
+    try:
+        assert create(server, {"name": "none", "model_id": register(server, "alpha")}).status_code == 201
+        r = load(server, "none")
+        assert r.status_code == 502 and r.json()["error"]["code"] == "runtime_failed", r.text
+        assert f"cannot start {missing}: No such file or directory" in r.json()["error"]["message"]
+        assert "is vLLM installed?" in server.fetch("/api/deployments/none").json()["instance"]["error"]
+    finally:
+        server.stop()

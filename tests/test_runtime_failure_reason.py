@@ -47,3 +47,12 @@ def test_the_reason_is_vllms_argparse_error_or_its_root_exception() -> None:
     assert why.reason == "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."
     assert not why.refused
     assert explain(["INFO: loading", "Killed"], 137) == explain([], 137)  # nothing to say: no reason
+
+
+def test_a_missing_vllm_says_so_and_is_not_the_options_fault() -> None:
+    why = explain(["[vllm-use] cannot start /opt/none/vllm: No such file or directory"], 127)
+    assert (
+        why.reason
+        == "cannot start /opt/none/vllm: No such file or directory (is vLLM installed? --vllm-bin names it)"
+    )
+    assert not why.refused

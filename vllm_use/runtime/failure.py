@@ -5,6 +5,7 @@ A failed start used to say only "vllm exited with status 1" while the reason sat
 operator had to find and scroll. vLLM says the reason in one of two ways, both read here from the
 end of its output (docs/vllm-facts.md):
 
+- the reaper's `[vllm-use] cannot start vllm: No such file or directory` (exit 127): no vLLM there;
 - an argparse error (exit status 2): `vllm serve: error: argument --dtype: invalid choice: …`;
 - an exception ending a traceback, raw on stderr or in a logger's lines
   (`(EngineCore_DP0 pid=7) ERROR 12-02 06:00:00 [core.py:708] ValueError: …`):
@@ -31,6 +32,8 @@ _PREFIX = re.compile(
     r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] )?"
 )
 _ARGPARSE = re.compile(r"^[\w .-]*: error: (?P<message>.+)$")
+# The reaper's own line when the command itself cannot be run (reaper.py, exit 127).
+_NOT_STARTED = re.compile(r"^\[vllm-use\] (?P<message>cannot start .+)$")
 # "TypeError: …", "pydantic_core._pydantic_core.ValidationError: …", "KeyboardInterrupt".
 _EXCEPTION = re.compile(
     r"^(?:[A-Za-z_]\w*\.)*(?P<type>[A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?::\s*(?P<message>.*))?$"
@@ -77,6 +80,10 @@ def _validation(lines: list[str], at: int, head: str) -> str:
 def explain(lines: list[str], exit_code: int | None) -> Explanation:
     """The reason of a failed start from vLLM's last `lines` (oldest first) and its exit status."""
     messages = [_message(line) for line in lines]
+    for text in reversed(messages):
+        found = _NOT_STARTED.match(text)
+        if found:  # vLLM is not installed there: the machine's setup, not the options
+            return Explanation(_short(f"{found['message']} (is vLLM installed? --vllm-bin names it)"), False)
     for text in reversed(messages):
         found = _ARGPARSE.match(text)
         if found:
