@@ -35,6 +35,8 @@ ERROR_STATUSES = {
     "404": "Unknown resource",
     "409": "Lifecycle conflict",
     "413": "Body too large",
+    "422": "vLLM refused to start with what it was given: start_refused (its options or the model's "
+    "files; vLLM's reason in the message, last_lines attached)",
     "500": "Internal error",
     "502": "A child failed: runtime_failed (vLLM exited, was not healthy in time or lost its port; "
     "last_lines attached), upstream_unavailable",

@@ -111,7 +111,7 @@ def test_an_operators_day_from_sign_in_to_a_disabled_key(watched: Watched, stack
     # when it is ready (the fake loads in 0.3 s; a busy machine may take longer).
     page.get_by_label("Model", exact=True).select_option(label=SLOW_REPO)
     page.get_by_role("button", name="Start", exact=True).click()
-    expect(page.get_by_text(f"{SLOW_REPO} is ready.")).to_be_visible(timeout=60_000)  # the toast
+    expect(page.get_by_text(f"{SLOW_REPO} is serving.")).to_be_visible(timeout=60_000)  # the toast
     expect(page.locator("section.runtime-state")).to_have_attribute("data-state", "ready")
     expect(page.locator("pre.runtime-log")).to_contain_text("Uvicorn running on")  # the live log
     expect(page.locator("#topbar-status")).to_have_text("vLLM: 1 serving")  # its deployment, counted once

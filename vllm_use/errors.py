@@ -18,6 +18,7 @@
     │   └── NoRoom                    model_loading          503    (no room to load it: count or GPU memory)
     ├── UpstreamUnavailable           upstream_unavailable   502    isError result
     ├── RuntimeFailed                 runtime_failed         502    isError result
+    │   └── StartRefused              start_refused          422    (vLLM refused its options or model files)
     ├── CorruptRecord                 corrupt_record         500    isError result
     ├── ExternalError                 external_error         500    isError result
     └── ConfigError                   (start-up only: names the option, exits 2)
@@ -109,6 +110,16 @@ class RuntimeFailed(VllmUseError):
 
     code = "runtime_failed"
     http_status = 502
+
+
+class StartRefused(RuntimeFailed):
+    """vLLM exited at start because it refused what it was given: an argparse error, or its checks
+    of the options and the model's files (vllm_use/runtime/failure.py). The operator's mistake, not
+    a fault of vllm-use or of the machine: 422, with vLLM's reason in the message and `last_lines`.
+    A RuntimeFailed still, so a `/v1` client waiting for the load gets its 502 (docs/router.md)."""
+
+    code = "start_refused"
+    http_status = 422
 
 
 class CorruptRecord(VllmUseError):

@@ -25,7 +25,8 @@ It mimics what the real vLLM 0.32 (CPU build) does, as measured in docs/vllm-fac
 - A missing local model path (the positional starts with `/`, `.`, `~` or has 2+ slashes, and does not
   exist) or a path that is not a directory: error on stderr, exit 1. A port already in use: exit 1.
   `--gpu-memory-utilization` outside (0, 1], or `--enable-auto-tool-choice` without
-  `--tool-call-parser`: exit 1 (as the real one). A bad `--dtype` choice or a non-integer int flag:
+  `--tool-call-parser`, or `--long-prefill-token-threshold` above the max model len (vLLM's
+  SchedulerConfig check, a pydantic ValidationError): exit 1 (as the real one). A bad `--dtype` choice or a non-integer int flag:
   argparse error, exit 2.
 - `--api-key K` (or env VLLM_API_KEY) makes every path under `/v1` (routed or not) answer 401
   `{"error": "Unauthorized"}` unless the first `Authorization` header is `Bearer K` (the scheme in any
@@ -260,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-cache-memory-bytes", type=human_int, default=None)
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--seed", type=int, default=None)
+    serve.add_argument("--long-prefill-token-threshold", type=int, default=None)
     serve.add_argument("--uvicorn-log-level", default="info")
     serve.add_argument("--disable-uvicorn-access-log", action=bool_flag, default=False)
     serve.add_argument("--disable-log-requests", action=bool_flag, default=False)
@@ -980,6 +982,20 @@ def serve_main(argv: list[str]) -> None:
 
     out(vlog("INFO", "model.py:547", "Resolved architecture: LlamaForCausalLM"))
     out(vlog("INFO", "model.py:1510", f"Using max model len {app.max_model_len}"))
+    threshold = args.long_prefill_token_threshold
+    if threshold is not None and threshold > app.max_model_len:  # vLLM's SchedulerConfig check
+        traceback_exit(
+            rec,
+            [
+                "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig",
+                f"  Value error, long_prefill_token_threshold ({threshold}) cannot be greater than the "
+                f"max_model_len ({app.max_model_len}). [type=value_error, input_value=ArgsKwargs((), "
+                "{...}), input_type=ArgsKwargs]",
+                "    For further information visit https://errors.pydantic.dev/2.14/v/value_error",
+            ],
+            1,
+            "config",
+        )
     if args.kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         msg = "Environment variable VLLM_CPU_KVCACHE_SPACE (GiB) for CPU backend is not set, using 4 by default."
         out(vlog("WARNING", "cpu.py:121", msg))

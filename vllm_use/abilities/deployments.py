@@ -42,7 +42,7 @@ from vllm_use.models import files
 from vllm_use.models import store as model_store
 from vllm_use.models.records import ModelStatus
 from vllm_use.registry import Args, NoArgs, Registry, Result
-from vllm_use.runtime.options import Name, RuntimeOptions
+from vllm_use.runtime.options import Name, RuntimeOptions, check_together
 from vllm_use.runtime.supervisor import Child
 from vllm_use.scopes import READ, RUNTIME_WRITE, Identity, Surface
 from vllm_use.storage import Database
@@ -258,6 +258,8 @@ async def begin_load(app: AppContext, name: str, one_more: bool = False) -> Chil
                 f"deployment {name} is {supervisor.state}; unload it first", state=supervisor.state.value
             )
         _, path = await ready_model_path(call, saved["model_id"])  # just before the spawn
+        # A row saved before a rule existed: refused before room is made (no instance evicted for it).
+        check_together(RuntimeOptions.model_validate_json(json.dumps(saved["options"])))
         await app.instances.make_room(name, one_more=one_more)
         return app.instances.spawn(saved, path)
 
@@ -310,8 +312,10 @@ async def logs(call: Call, args: DeploymentLogsArgs) -> dict[str, Any]:
 
 
 async def _check(call: Call, deployment: Deployment) -> None:
-    """What the input model cannot know: the model is ready, the names are free, the options are
-    allowed by the operator. Caller holds the lifecycle lock."""
+    """What the input model cannot know: the options that go only together are together, the model
+    is ready, the names are free, the options are allowed by the operator. Caller holds the
+    lifecycle lock."""
+    check_together(deployment.options)
     record = await load_model(call, deployment.model_id)
     if record.status is not ModelStatus.READY:
         raise Conflict(f"model {record.id} is {record.status}; only ready models can be deployed")
@@ -361,8 +365,9 @@ def register(registry: Registry) -> None:
     registry.method(
         "deployments.load",
         "Start a deployment's vLLM instance on a port of --runtime-ports. Answers at once with state "
-        "starting (HTTP 202); with wait (seconds) once the start settles: ready, failed (with vLLM's "
-        "last lines) or canceled by deployments.unload (conflict).",
+        "starting (HTTP 202); with wait (seconds) once the start settles: ready, failed (start_refused "
+        "when vLLM refused its options or model files, else runtime_failed; with vLLM's reason and last "
+        "lines) or canceled by deployments.unload (conflict).",
         LoadArgs,
         Loaded,
         RUNTIME_WRITE,

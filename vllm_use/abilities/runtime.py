@@ -14,6 +14,12 @@ and restart answer 409 at once instead of queueing behind it; `runtime.stop`
 cancels it. Two calls at the same moment take the lock in turn: the first
 starts, the second finds it starting and gets the 409.
 
+Options that vLLM accepts only together (`enable_auto_tool_choice` needs
+`tool_call_parser`…) are refused (400, naming the field) before anything is
+stopped or started (`check_together`, via `build_argv`). A start that vLLM
+refuses anyway answers 422 `start_refused` with its reason (docs/runtime.md,
+"Failed starts").
+
 Two options need the operator's consent, given when vllm-use starts, and are
 refused (400, naming the flag) before anything is stopped or started without
 it: `trust_remote_code` (`--allow-remote-code`: vLLM would run Python code
@@ -207,7 +213,8 @@ def _one_start_at_a_time(runtime: Supervisor) -> None:
 
 ANSWER = (
     "Answers at once with state starting (HTTP 202); with wait (seconds; ?wait= over /api) it "
-    "answers once the start settles: ready, failed (with vLLM's last lines), canceled by "
+    "answers once the start settles: ready, failed (start_refused when vLLM refused its options "
+    "or model files, else runtime_failed; with vLLM's reason and last lines), canceled by "
     "runtime.stop (conflict), or still starting when the wait runs out. A start in progress is a "
     "conflict: stop it first."
 )

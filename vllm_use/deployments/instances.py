@@ -23,7 +23,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -40,6 +39,7 @@ from vllm_use.clock import iso
 from vllm_use.config import Config
 from vllm_use.deployments.records import STOP_TIMEOUT_DEFAULT_S
 from vllm_use.errors import Conflict, ModelLoading, NoRoom, RuntimeFailed, VllmUseError
+from vllm_use.runtime.failure import OUT_OF_MEMORY
 from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.options import RuntimeOptions
 from vllm_use.runtime.supervisor import Child, RuntimeState, Supervisor
@@ -87,10 +87,6 @@ CHECK_EVERY_S = 0.25  # how often those are looked at
 # A request waiting for room looks again at least this often: NVML's free memory changes without an
 # event of ours (a stopped process's memory is released a little after it exits).
 ROOM_RECHECK_S = 1.0
-# vLLM's last lines when a start failed for GPU memory (torch's OOM, vLLM's start-up and KV checks).
-_OUT_OF_MEMORY = re.compile(
-    r"out of memory|OutOfMemoryError|Free memory on device|No available memory for the cache", re.IGNORECASE
-)
 
 
 @dataclass
@@ -492,7 +488,7 @@ class Instances:
                 try:
                     await supervisor.wait_settled(supervisor.child, self.config.load_wait_timeout)
                 except RuntimeFailed as exc:
-                    if retried or not _OUT_OF_MEMORY.search("\n".join(exc.details.get("last_lines", []))):
+                    if retried or not OUT_OF_MEMORY.search("\n".join(exc.details.get("last_lines", []))):
                         raise
                     retried = True
                     log.warning("deployment %s: its start failed for GPU memory; making more room", name)

@@ -339,10 +339,66 @@ class RuntimeOptions(BaseModel):
         return self
 
 
+def _extra_value(options: RuntimeOptions, name: str) -> int | None:
+    for arg in options.extra_args:
+        if arg.name == name and arg.values and _INT.fullmatch(arg.values[0]):
+            return int(arg.values[0])
+    return None
+
+
+def together_problems(options: RuntimeOptions) -> list[tuple[str, str]]:
+    """Options that vLLM 0.32 accepts only together (its `validate_parsed_serve_args` and
+    `SchedulerConfig` checks, docs/vllm-facts.md): `(field, why)` for each rule broken, checked
+    where both values are given here (a value vLLM derives from the model is not known here)."""
+    problems: list[tuple[str, str]] = []
+    if options.enable_auto_tool_choice and not options.tool_call_parser:
+        problems.append(
+            (
+                "enable_auto_tool_choice",
+                "needs tool_call_parser (e.g. hermes): vLLM refuses --enable-auto-tool-choice without "
+                "--tool-call-parser",
+            )
+        )
+    seqs, length = options.max_num_seqs, options.max_model_len
+    active = _extra_value(options, "--max-num-active-seqs")
+    batched = _extra_value(options, "--max-num-batched-tokens")
+    threshold = _extra_value(options, "--long-prefill-token-threshold")
+    if seqs is not None and active is not None and active > seqs:
+        problems.append(
+            ("extra_args", f"--max-num-active-seqs ({active}) cannot be greater than max_num_seqs ({seqs})")
+        )
+    if seqs is not None and batched is not None and batched < seqs:
+        problems.append(
+            ("extra_args", f"--max-num-batched-tokens ({batched}) must be at least max_num_seqs ({seqs})")
+        )
+    if length is not None and threshold is not None and threshold > length:
+        problems.append(
+            (
+                "extra_args",
+                f"--long-prefill-token-threshold ({threshold}) cannot be greater than max_model_len ({length})",
+            )
+        )
+    return problems
+
+
+def check_together(options: RuntimeOptions) -> None:
+    """InvalidArguments (400) naming each `options.<field>` whose partner is missing or disagrees,
+    before anything is saved, stopped or spawned (docs/runtime.md, "Options that go together")."""
+    problems = together_problems(options)
+    if problems:
+        field, why = problems[0]
+        raise InvalidArguments(
+            f"invalid arguments: options.{field}: {why}",
+            errors=[{"loc": ["options", name], "msg": msg} for name, msg in problems],
+        )
+
+
 def build_argv(vllm_bin: str, model: str, options: RuntimeOptions, port: int) -> list[str]:
-    """`vllm serve MODEL --flag=value …` on 127.0.0.1:port. `model` is validated by the caller."""
+    """`vllm serve MODEL --flag=value …` on 127.0.0.1:port. `model` is validated by the caller;
+    options that vLLM accepts only together are checked here, so no spawn gets past them."""
     if not model or model.startswith("-"):
         raise InvalidArguments("invalid arguments: model: must not start with '-'", loc=["model"])
+    check_together(options)
     argv = [vllm_bin, "serve", model, "--host=127.0.0.1", f"--port={port}"]
 
     def valued(flag: str, value: object) -> None:

@@ -52,9 +52,10 @@ from tornado.iostream import StreamClosedError
 from tornado.process import Subprocess
 
 from vllm_use.config import Config, child_env
-from vllm_use.errors import Conflict, ExternalError, RuntimeFailed
+from vllm_use.errors import Conflict, ExternalError, RuntimeFailed, StartRefused
 from vllm_use.logbuffer import LogBuffer
 from vllm_use.processes import children
+from vllm_use.runtime.failure import explain
 from vllm_use.runtime.options import RuntimeOptions, build_argv
 from vllm_use.runtime.procfs import child_in_group, group_members, port_held_by_group
 
@@ -64,6 +65,7 @@ TERM_GRACE_S = 10.0
 REAP_CAP_S = 15.0
 POLL_S = 0.25
 LAST_LINES = 20
+REASON_LINES = 200  # how far back the reason of a failed start is looked for (failure.py)
 CANCELED = "the start was canceled by a stop"
 
 
@@ -134,6 +136,7 @@ class Child:
     started_at: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)
     stopping: bool = False  # we are killing it (stop or failure): its exit is no news
+    refused: bool = False  # it exited because vLLM refused its options or model files (failure.py)
     tasks: list[asyncio.Future[None]] = field(
         default_factory=list
     )  # drain, watch, readiness: kept referenced
@@ -295,8 +298,9 @@ class Supervisor:
         """Wait at most `timeout_s` (0: not at all) for `child`'s start to settle.
 
         Returns the status when it is ready, or while it is still starting when the time ran
-        out; raises RuntimeFailed (502, with the last lines) when it failed, Conflict (409) when
-        a stop canceled it. Leaving early changes nothing: the readiness task goes on.
+        out; raises StartRefused (422) when vLLM refused its options or model files, RuntimeFailed
+        (502) when it failed otherwise, both with the reason in the message and the last lines;
+        Conflict (409) when a stop canceled it. Leaving early changes nothing: the readiness task goes on.
         """
         if timeout_s > 0 and not child.settled.done():
             with contextlib.suppress(TimeoutError):
@@ -307,6 +311,10 @@ class Supervisor:
         if status["state"] == RuntimeState.READY:
             return status
         if status["state"] == RuntimeState.FAILED:
+            if child.refused:
+                raise StartRefused(
+                    status["error"] or "vLLM refused to start", last_lines=status["last_lines"]
+                )
             raise RuntimeFailed(status["error"] or "vllm failed to start", last_lines=status["last_lines"])
         raise Conflict(status["error"] or CANCELED, state=status["state"])
 
@@ -422,9 +430,11 @@ class Supervisor:
         code = await child.exited
         if child.stopping or self.child is not child:
             return
-        await self._fail(child, f"vllm exited with status {code}", code)
+        await self._fail(child, f"vllm exited with status {code}", code, exited=True)
 
-    async def _fail(self, child: Child, reason: str, code: int | None = None) -> None:
+    async def _fail(
+        self, child: Child, reason: str, code: int | None = None, *, exited: bool = False
+    ) -> None:
         child.stopping = True
         try:
             await self._kill_group(child)  # orphans (EngineCore, Worker) go too
@@ -437,6 +447,11 @@ class Supervisor:
         # The reaper reports vLLM's signals as 128+N; a signal to the reaper itself reads the same.
         self.exit_code = 128 - code if code is not None and code < 0 else code
         self.last_lines = self.logs.lines(LAST_LINES)
+        if exited:  # vLLM's own words, so the reason stands next to the button that started it
+            why = explain(self.logs.lines(REASON_LINES), self.exit_code)
+            child.refused = why.refused
+            if why.reason:
+                reason = f"{reason}: {why.reason}"
         self.error = reason
         log.warning("runtime: %s failed: %s", child.model, reason)
         self._publish(RuntimeState.FAILED)

@@ -3,16 +3,54 @@
 // the page; see ../schema-form.js): the deployment's own fields, a select of the ready models, and
 // its runtime options under "Options"; the edit form shows only what deployments.update takes.
 //
-// API: POST /api/deployments (create), PATCH /api/deployments/{name} (edit: every field, so what the
-// form shows is what is saved). A refused form shows each field's error by its field.
+// The create form leads a new operator (docs/router.md, "The Deployments page"): `ctx.wanted` (the
+// page's ?model=<id>) chooses the model and makes the name from the model's name; "Create and load"
+// creates, then loads (the card follows it: loading, serving), "Create" only saves. The "CPU preset"
+// toggle sets what vLLM's CPU build needs (docs/vllm-facts.md, docs/runtime.md "Trying it on a CPU"):
+// dtype float32, --enforce-eager, a KV cache bounded by --kv-cache-memory-bytes, and a context of
+// CPU_CONTEXT tokens when none is set (a bounded cache must hold one whole sequence). Where no GPU is
+// found it is on from the start, and the GPU options (GPU_OPTIONS) sit under their own closed
+// disclosure at the end of Options, so the form does not lead with them.
 //
-// `ctx`: {signal, schemas (formSchemas(methods)), ready (the ready models), modelNames (id → name)}.
+// API: POST /api/deployments (create), POST /api/deployments/{name}/load (through the new card),
+// PATCH /api/deployments/{name} (edit: every field, so what the form shows is what is saved). A
+// refused form shows each field's error by its field.
+//
+// `ctx`: {signal, schemas (formSchemas(methods)), ready (the ready models), modelNames (id → name),
+// noGpu (true where GET /api/gpus found none), wanted (a model id, or null), taken() (names in use)}.
 import { api } from "../api.js";
 import { readableName, resolveSchema, schemaForm } from "../schema-form.js";
 import { empty, errorSlot, field, h, humanError, showError, toast } from "../ui.js";
 
 // Set by the deployment (docs/router.md): never in its options.
 const OWN_OPTIONS = ["model", "served_model_name", "port"];
+// Options that only mean something with GPUs: after the others, closed, where none is found.
+const GPU_OPTIONS = ["tensor_parallel_size", "pipeline_parallel_size", "gpu_ids", "gpu_memory_utilization",
+  "distributed_executor_backend", "quantization"];
+// The CPU preset (docs/vllm-facts.md: without a bound, vLLM's CPU build takes most of the RAM).
+const CPU_KV_CACHE = "1G"; // vLLM's form: 1 GiB
+const CPU_KV_CACHE_TEXT = "1 GiB";
+const CPU_CONTEXT = 2048;
+const CPU_FLAGS = [{ name: "--enforce-eager" }, { name: "--kv-cache-memory-bytes", values: [CPU_KV_CACHE] }];
+const PRESET_FLAGS = new Set(["--enforce-eager", "--no-enforce-eager", "--kv-cache-memory-bytes"]);
+// A deployment's name (docs/router.md): a letter or digit, then up to 255 of these; not "events".
+const NAME_CHARS = /[^A-Za-z0-9._:/@+-]+/g;
+
+// Whether GET /api/gpus says there is no GPU here (NVML missing, or it shows none); false when unknown.
+export function noGpu(gpus) {
+  return Boolean(gpus) && (gpus.status === "missing" || (Array.isArray(gpus.gpus) && gpus.gpus.length === 0));
+}
+
+// A deployment name made from a model's name: invalid characters become "-", a valid first
+// character, at most 256 characters, and a suffix (-2, -3…) while the name is taken.
+export function deploymentName(modelName, taken) {
+  let base = String(modelName || "model").replace(NAME_CHARS, "-").replace(/^[^A-Za-z0-9]+/, "").slice(0, 250)
+    .replace(/-+$/, "");
+  if (!base) base = "model";
+  let name = base;
+  for (let n = 2; taken.has(name) || name === "events"; n += 1) name = `${base}-${n}`;
+  return name;
+}
 
 // The input schemas of deployments.create and .update, from GET /api/methods; null when missing.
 export function formSchemas(methods) {
@@ -40,14 +78,27 @@ function deploymentFields(ctx, { omit, currentModel = null, note }) {
 
   const choices = [...ctx.ready];
   if (currentModel && !choices.some((m) => m.id === currentModel)) {
-    choices.unshift({ id: currentModel, name: `${ctx.modelNames.get(currentModel) || currentModel} (not ready)` });
+    choices.unshift({ id: currentModel, name: `${ctx.modelNames.get(currentModel) || currentModel} (not downloaded)` });
   }
   const select = h("select", { name: "model_id" }, choices.map((m) => h("option", { value: m.id }, m.name)));
   if (currentModel) select.value = currentModel;
-  const modelField = field("Model", select, "A registered model whose files are ready.");
+  const modelField = field("Model", select, "A downloaded model (its files are here).");
   // The model right after the name (first when there is no name field): in the generated form's grid.
   const grid = own.element.querySelector(".form-row");
   grid.insertBefore(modelField, omit.includes("name") ? grid.firstChild : grid.children[1] || null);
+  // No GPU here: the GPU options go last, under their own closed disclosure.
+  let gpuDetails = null;
+  if (options && ctx.noGpu) {
+    const moved = GPU_OPTIONS.map((name) => options.element.querySelector(`[name="${name}"]`))
+      .filter(Boolean).map((input) => input.closest(".field"));
+    if (moved.length) {
+      gpuDetails = h("details.deployment-gpu-options",
+        h("summary", "GPU options"),
+        h("p.hint", "No GPU was found on this machine (NVML): these apply only where vLLM runs on NVIDIA GPUs."),
+        h("div.form-row", moved));
+      options.element.append(gpuDetails);
+    }
+  }
   const details = h("details.deployment-options",
     h("summary", "Options"),
     h("p.hint", note),
@@ -79,6 +130,7 @@ function deploymentFields(ctx, { omit, currentModel = null, note }) {
     }
     const b = options ? options.showErrors(opts, "options") : { unplaced: Object.entries(opts), first: null };
     if (b.first) details.open = true;
+    if (b.first && gpuDetails && gpuDetails.contains(b.first)) gpuDetails.open = true;
     const first = a.first || (modelMessage ? select : null) || b.first;
     unplaced.push(...a.unplaced, ...b.unplaced);
     if (first) first.focus();
@@ -103,7 +155,7 @@ function deploymentFields(ctx, { omit, currentModel = null, note }) {
     return { values, errors };
   };
 
-  return { element, own, options, select, collect, showErrors, clearErrors, fill: (d) => {
+  return { element, own, options, select, details, gpuDetails, collect, showErrors, clearErrors, fill: (d) => {
     own.fill(d);
     if (options) options.fill(d.options);
     select.value = d.model_id;
@@ -119,20 +171,76 @@ export function createForm(ctx, created) {
     return section;
   }
   if (!ctx.ready.length) {
-    section.append(empty("No model is ready to deploy: download or register a model first.",
+    section.append(empty("No model is downloaded yet: download or register a model first.",
       h("a.button", { href: "/models" }, "Go to Models")));
     return section;
   }
   const fields = deploymentFields(ctx, { omit: [],
     note: "Empty fields leave vLLM's own default. The model, the served name and the port are set by the deployment." });
-  const submit = h("button.button.primary", { type: "submit" }, "Create");
+  const nameInput = fields.own.element.querySelector('[name="name"]');
+  const wanted = ctx.wanted ? ctx.ready.find((m) => m.id === ctx.wanted) : null;
+  const notReady = ctx.wanted && !wanted
+    ? h("p.hint.deployment-wanted", { role: "status" },
+      `The model ${ctx.modelNames.get(ctx.wanted) || ctx.wanted} is not downloaded yet: `
+      + "choose a downloaded one, or wait for its download.")
+    : null;
+  const suggestName = () => {
+    const model = ctx.ready.find((m) => m.id === fields.select.value);
+    if (nameInput && model) nameInput.value = deploymentName(model.name, ctx.taken());
+  };
+  if (wanted) {
+    fields.select.value = wanted.id;
+    suggestName();
+  }
+
+  // The CPU preset: a toggle that sets (or takes back) its options in the generated Options.
+  const presetBox = h("input#deployment-cpu-preset", { type: "checkbox", name: "cpu_preset", checked: Boolean(ctx.noGpu),
+    "aria-describedby": "deployment-cpu-preset-hint" });
+  const preset = h("div.field.check-field.deployment-preset",
+    h("label.check", { for: "deployment-cpu-preset" }, presetBox, " CPU preset"),
+    h("p#deployment-cpu-preset-hint.hint",
+      `For vLLM's CPU build: dtype float32, no CUDA graphs (--enforce-eager), a KV cache of ${CPU_KV_CACHE_TEXT} `
+      + `(--kv-cache-memory-bytes) and, unless set, a context of ${CPU_CONTEXT} tokens. `
+      + (ctx.noGpu ? "On: no GPU was found on this machine." : "Off: a GPU was found, or none was looked for.")));
+  const applyPreset = (on) => {
+    if (!fields.options) return;
+    const { values } = fields.options.collect();
+    const kept = (values.extra_args || []).filter((arg) => !PRESET_FLAGS.has(arg.name));
+    if (on) {
+      values.dtype = "float32";
+      if (values.max_model_len === undefined) values.max_model_len = CPU_CONTEXT;
+      values.extra_args = [...kept, ...CPU_FLAGS];
+    } else {
+      if (values.dtype === "float32") delete values.dtype;
+      if (values.max_model_len === CPU_CONTEXT) delete values.max_model_len;
+      values.extra_args = kept;
+    }
+    fields.options.fill(values);
+  };
+  presetBox.addEventListener("change", () => applyPreset(presetBox.checked));
+  if (presetBox.checked) applyPreset(true);
+  fields.select.addEventListener("change", () => {
+    if (nameInput && (!nameInput.value || nameInput.dataset.suggested === nameInput.value)) {
+      suggestName();
+      nameInput.dataset.suggested = nameInput.value;
+    }
+  });
+  if (nameInput && wanted) nameInput.dataset.suggested = nameInput.value;
+
+  const submit = h("button.button.primary", { type: "submit", value: "load" }, "Create and load");
+  const saveOnly = h("button.button", { type: "submit", value: "save" }, "Create");
   const error = errorSlot();
-  const form = h("form.deployment-form", { novalidate: true }, fields.element, h("div.actions", submit), error);
+  // The preset sits just above Options, right after the deployment's own fields.
+  fields.element.insertBefore(preset, fields.details);
+  const form = h("form.deployment-form", { novalidate: true }, notReady, fields.element,
+    h("div.actions", submit, saveOnly), error);
   section.append(form);
+  if (wanted && nameInput) nameInput.focus({ preventScroll: true });
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     if (submit.disabled) return;
+    const loadToo = !event.submitter || event.submitter === submit; // Enter: the first button
     showError(error, null);
     const { values, errors } = fields.collect();
     if (Object.keys(errors).length) {
@@ -141,18 +249,28 @@ export function createForm(ctx, created) {
     }
     fields.clearErrors();
     submit.disabled = true;
-    submit.textContent = "Creating…";
+    saveOnly.disabled = true;
+    (loadToo ? submit : saveOnly).textContent = "Creating…";
     try {
       const deployment = await api("POST", "/deployments", values, { signal });
-      created(deployment);
-      toast(`${deployment.name} was created. Load it, or send it a /v1 request.`, "ok");
+      const card = created(deployment);
+      if (loadToo && card) {
+        card.el.scrollIntoView({ block: "nearest" });
+        card.load();
+        toast(`${deployment.name} was created and is loading.`, "ok");
+      } else {
+        toast(`${deployment.name} was created. Load it, or send it a /v1 request.`, "ok");
+      }
       fields.fill({ model_id: fields.select.value });
+      if (presetBox.checked) applyPreset(true);
     } catch (err) {
       if (err.name === "AbortError" || err.status === 401) return;
       report(fields, error, err.fieldErrors, err);
     } finally {
       submit.disabled = false;
-      submit.textContent = "Create";
+      saveOnly.disabled = false;
+      submit.textContent = "Create and load";
+      saveOnly.textContent = "Create";
     }
   });
   return section;

@@ -5,9 +5,20 @@
 // are in ./deployment-forms.js, the log panel in ./deployment-log.js. A line at the top links to the
 // Runtime page (/runtime), which runs one model alone.
 //
-// API: GET /api/deployments, GET /api/models (the ready models to choose from, and names for ids)
-// and GET /api/methods (the forms are generated from deployments.create's published input schema,
-// and edit only what deployments.update takes; see ../schema-form.js) once; then the Server-Sent
+// The first ten minutes (docs/router.md, "The Deployments page"): `/deployments?model=<model id>`
+// (the Models page's Deploy) opens the create form with that model chosen and a name made from its
+// name; where no GPU is found (GET /api/gpus: NVML missing, or no GPU) the form applies the CPU
+// preset and keeps the GPU options under their own disclosure; "Create and load" creates the
+// deployment, then loads it, and its card shows it loading, then serving. A serving deployment's
+// card offers the next steps: Chat (/chat?model=<name>) and Connect a client
+// (/?model=<name>#connect). A failed load says vLLM's reason (the instance's `error`,
+// docs/runtime.md "Failed starts") right by the Load button, with the last lines below. States are
+// shown in the console's words (../states.js): deployed, loading, serving, sleeping, stopping, failed.
+//
+// API: GET /api/deployments, GET /api/models (the ready models to choose from, and names for ids),
+// GET /api/gpus (whether to lead with the CPU preset; a failure only leaves it off) and
+// GET /api/methods (the forms are generated from deployments.create's published input schema, and
+// edit only what deployments.update takes; see ../schema-form.js) once; then the Server-Sent
 // Events of GET /api/deployments/events: `deployment` {deployment} for each one at once and at each
 // change, `deleted` {name} once one is gone (no polling; one GET /api/deployments each time the
 // stream reconnects). POST /api/deployments (create), PATCH /api/deployments/{name} (edit: every
@@ -17,19 +28,24 @@
 // it opens, when its events show a change, and by its Refresh button (no polling).
 // A name is sent percent-encoded (org/model → org%2Fmodel).
 //
-// DOM hooks for tests: each deployment is <article class="deployment" data-name="…" data-state="…">,
-// named by its heading (the deployment's name).
+// DOM hooks for tests: each deployment is <article class="deployment" data-name="…" data-state="…">
+// (data-state: the server's state), named by its heading (the deployment's name); once serving it has
+// a[data-action="chat"] and a[data-action="connect"]; a failure's reason is .deployment-reason, in
+// .deployment-control with the buttons.
 import { api, events, readWithMethods } from "../api.js";
+import { instanceWord, stateBadge } from "../states.js";
 import {
-  badge, clear, confirmDialog, empty, errorSlot, formatDuration, formatTime, h, humanError, pageHeader,
+  clear, confirmDialog, empty, errorSlot, formatDuration, formatTime, h, humanError, pageHeader,
   placeholder, showError, sleep, toast,
 } from "../ui.js";
-import { createForm, editForm, formSchemas } from "./deployment-forms.js";
+import { createForm, editForm, formSchemas, noGpu } from "./deployment-forms.js";
 import { instanceLog } from "./deployment-log.js";
 
 const RECONNECT_MS = 2000;
 const LOADABLE = new Set(["unloaded", "failed"]); // no live instance: Load starts one
 const NOTES = {
+  unloaded: "Saved, not running: press Load, or send it a /v1 request (it loads when named, "
+    + "unless vllm-use runs with --no-autoload).",
   starting: "vLLM is loading the model; this can take minutes. Unload cancels it.",
   stopping: "The instance is stopping.",
   sleeping: "The instance sleeps: its weights are off the GPU. Wake it, or send it a request.",
@@ -49,8 +65,12 @@ export async function render(root, page) {
   let listed;
   let models;
   let methods;
+  let gpus;
   try {
+    // GET /api/gpus only decides the CPU preset: when NVML fails, the form leads as on a GPU machine.
+    const gpuList = get("/gpus").catch(() => null);
     [listed, models, methods] = await readWithMethods(["/deployments", "/models"], { signal });
+    gpus = await gpuList;
   } catch (error) {
     if (error.name === "AbortError" || error.status === 401) return;
     clear(body, h("p.error-text", { role: "alert" }, `Could not load the deployments: ${humanError(error)}`));
@@ -59,14 +79,17 @@ export async function render(root, page) {
   const schemas = formSchemas(methods);
   const ready = models.models.filter((m) => m.status === "ready");
   const modelNames = new Map(models.models.map((m) => [m.id, m.name]));
-  const ctx = { signal, schemas, ready, modelNames };
+  const wanted = new URLSearchParams(location.search).get("model");
+  const ctx = {
+    signal, schemas, ready, modelNames, noGpu: noGpu(gpus), wanted, taken: () => new Set(cards.keys()),
+  };
 
   const cards = new Map(); // name → card
   const deletedAt = new Map(); // name → when an event said it was gone (a stale listing must not bring it back)
   const list = h("div.deployment-list");
   const listError = h("p.error-text", { role: "alert", hidden: true });
   const live = h("p.deployment-live.muted", { role: "status" }, "Connecting to live updates…");
-  const emptyState = empty("No deployment yet: create one below from a ready model.");
+  const emptyState = empty("No deployment yet: create one below from a downloaded model.");
 
   const remove = (name) => {
     const card = cards.get(name);
@@ -119,13 +142,14 @@ export async function render(root, page) {
     }
   };
 
+  showList(listed.deployments, performance.now()); // first: the create form's name avoids theirs
   const create = createForm(ctx, (deployment) => upsert(deployment, performance.now()));
   clear(body,
     h("section.deployment-section", { "aria-labelledby": "deployments-title" },
       h("div.deployment-section-head", h("h2#deployments-title", "Deployments"), live),
       listError, list),
     create);
-  showList(listed.deployments, performance.now());
+  if (wanted) create.scrollIntoView({ block: "start" }); // came from a model's Deploy: the form first
 
   // Follow the event stream until the page is left; after it ends or fails, list again and reconnect.
   const setLive = (on) => {
@@ -175,7 +199,13 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
   const flags = h("span.deployment-flags");
   const facts = h("dl.deployment-facts");
   const note = h("p.hint.deployment-note", { hidden: true });
-  const failure = h("div.deployment-failure", { role: "alert", hidden: true });
+  // Why its last start failed, in vLLM's words, right by the button that started it (Load).
+  const reason = h("p.deployment-reason", { role: "alert", hidden: true });
+  const failure = h("div.deployment-failure", { hidden: true });
+  const next = {
+    chat: h("a.button.primary", { "data-action": "chat" }, "Chat"),
+    connect: h("a.button", { "data-action": "connect" }, "Connect a client"),
+  };
   const buttons = {
     load: h("button.button.primary", { type: "button" }, "Load"),
     unload: h("button.button", { type: "button" }, "Unload"),
@@ -192,11 +222,14 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
   buttons.log.setAttribute("aria-controls", log.element.id);
   const el = h("article.card.deployment", { "aria-labelledby": titleId },
     h("div.deployment-head", title, flags),
-    facts, note, failure,
-    h("div.actions.deployment-actions", Object.values(buttons)),
-    actionError, log.element, editor);
+    facts, note,
+    h("div.deployment-control",
+      h("div.actions.deployment-actions", Object.values(next), Object.values(buttons)),
+      reason, actionError),
+    failure, log.element, editor);
   let failureShown = "";
-  const self = { el, update, eventAt: 0 }; // eventAt: when an event last updated it (set by the page)
+  // eventAt: when an event last updated it (set by the page); load(): as its Load button ("Create and load").
+  const self = { el, update, eventAt: 0, load: () => loadIt() };
 
   const modelLabel = () => ctx.modelNames.get(d.model_id) || d.model_id;
 
@@ -206,7 +239,7 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
     el.dataset.name = d.name;
     el.dataset.state = state;
     title.textContent = d.name;
-    clear(flags, badge(state),
+    clear(flags, stateBadge(instanceWord(state)),
       inst.restart_required ? h("span.deployment-flag.restart", { title: "Changed since it was loaded: unload and load it to apply the change." }, "restart required") : null,
       d.pinned ? h("span.deployment-flag", "pinned") : null,
       d.load_on_start ? h("span.deployment-flag", "loads at start") : null);
@@ -228,6 +261,10 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
     note.hidden = !noteText;
     note.textContent = noteText || "";
     showFailure(state, inst);
+    const serving = state === "ready";
+    for (const link of Object.values(next)) link.hidden = !serving;
+    next.chat.href = `/chat?model=${encodeURIComponent(d.name)}`;
+    next.connect.href = `/?model=${encodeURIComponent(d.name)}#connect`;
     sync();
   };
 
@@ -236,15 +273,19 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
     if (key === failureShown) return;
     failureShown = key;
     failure.hidden = !key;
+    reason.hidden = !key;
     if (!key) {
       clear(failure);
+      reason.textContent = "";
       return;
     }
     const lines = inst.last_lines || [];
-    clear(failure,
-      h("p.deployment-failure-reason", `Failed: ${inst.error || "vLLM stopped on its own."}`),
-      lines.length ? h("pre.log", { "aria-label": `Last lines of ${d.name} before the failure`, tabindex: "0" }, lines.join("\n"))
-        : h("p.hint", "vLLM wrote nothing before it stopped."));
+    reason.textContent = `Failed to load: ${sentence(inst.error || "vLLM stopped on its own")}`
+      + " Fix the options (Edit) and press Load again.";
+    const pre = lines.length
+      ? h("pre.log", { "aria-label": `Last lines of ${d.name} before the failure`, tabindex: "0" }, lines.join("\n")) : null;
+    clear(failure, h("h4", "vLLM's last lines"), pre || h("p.hint", "vLLM wrote nothing before it stopped."));
+    if (pre) pre.scrollTop = pre.scrollHeight; // its last lines, where vLLM says why, in view
   };
 
   const sync = () => {
@@ -304,9 +345,10 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
     update({ ...d, instance: { ...d.instance, ...instance } });
   };
 
-  buttons.load.addEventListener("click", () => act("load", async () => {
+  const loadIt = () => act("load", async () => {
     withInstance(await api("POST", path("/load"), undefined, { signal }));
-  }));
+  });
+  buttons.load.addEventListener("click", loadIt);
   buttons.unload.addEventListener("click", () => act("unload", async () => {
     const inst = d.instance || {};
     if (inst.in_flight > 0) {
@@ -378,4 +420,9 @@ function deploymentCard(initial, ctx, { removed, upsert }) {
 
   draw();
   return self;
+}
+
+function sentence(text) {
+  const t = String(text).trim();
+  return /[.!?…]$/.test(t) ? t : `${t}.`;
 }

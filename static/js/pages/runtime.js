@@ -11,10 +11,17 @@
 // POST /api/runtime/restart (same model, same options) answer 202 at once with state "starting":
 // the page shows the start's progress, then, from the events, "ready" or the failure with vLLM's
 // last lines. POST /api/runtime/stop (it cancels a start that is still loading).
+//
+// States are shown in the console's words (../states.js: loading, serving, stopping, stopped,
+// failed); the server's own ("ready") stay in data-state. A failed start's reason (the status's
+// `error`: vLLM's own words, docs/runtime.md "Failed starts") is said next to the button that began
+// it and in the state card above Restart. While it serves, the state card offers the next steps:
+// Chat (/chat?model=<served name>) and Connect a client (/?model=<served name>#connect).
 import { api, events, readWithMethods } from "../api.js";
 import { schemaForm, resolveSchema } from "../schema-form.js";
+import { runtimeWord, stateBadge } from "../states.js";
 import {
-  badge, clear, confirmDialog, empty, errorSlot, every, field, formatDuration, formatTime, h, humanError,
+  clear, confirmDialog, empty, errorSlot, every, field, formatDuration, formatTime, h, humanError,
   pageHeader, placeholder, showError, sleep, toast,
 } from "../ui.js";
 
@@ -57,10 +64,12 @@ export async function render(root, page) {
   const refreshError = h("p.error-text", { role: "alert", hidden: true });
   const restartButton = h("button.button", { type: "button" }, "Restart");
   const stopButton = h("button.button.danger", { type: "button" }, "Stop");
+  const chatLink = h("a.button.primary", { "data-action": "chat", hidden: true }, "Chat");
+  const connectLink = h("a.button", { "data-action": "connect", hidden: true }, "Connect a client");
   const controlError = errorSlot();
   const stateCard = h("section.card.runtime-state", { "aria-labelledby": "rt-state" },
     h("h2#rt-state", "Current state"), facts, stateNote,
-    h("div.actions", restartButton, stopButton), controlError, refreshError);
+    h("div.actions", chatLink, connectLink, restartButton, stopButton), controlError, refreshError);
 
   // --- failure -----------------------------------------------------------------------------------
   const failureSlot = h("div.failure-slot");
@@ -79,13 +88,13 @@ export async function render(root, page) {
     h("p.hint", "Empty fields leave vLLM's own default. The server checks every value when you press Start or Switch."),
     options.element);
   const form = h("form.run-form", { novalidate: true },
-    field("Model", select, "A ready registered model. Switch stops what runs now, then starts this one with these options; Restart keeps the model and its options."),
+    field("Model", select, "A downloaded model. Switch stops what runs now, then starts this one with these options; Restart keeps the model and its options."),
     details,
     h("div.actions", submit),
     runError);
   if (ready.length) runCard.append(form);
   else {
-    runCard.append(empty("No model is ready to run: download or register a model first.",
+    runCard.append(empty("No model is downloaded yet: download or register a model first.",
       h("a.button", { href: "/models" }, "Go to Models")));
   }
 
@@ -106,7 +115,7 @@ export async function render(root, page) {
     const st = status;
     stateCard.dataset.state = st.state;
     const live = RUNNING.has(st.state);
-    const rows = [["State", badge(st.state)], [live ? "Model" : "Last model", st.model ? modelName(st) : "—"]];
+    const rows = [["State", stateBadge(runtimeWord(st.state))], [live ? "Model" : "Last model", st.model ? modelName(st) : "—"]];
     if (live && st.options && st.options.served_model_name) rows.push(["Served as", h("code", st.options.served_model_name)]);
     if (st.pid) rows.push(["PID", String(st.pid)]);
     if (live && st.port) rows.push(["Port", String(st.port)]);
@@ -116,7 +125,9 @@ export async function render(root, page) {
       const loading = st.starting_for_s + (performance.now() - receivedAt) / 1000;
       rows.push(["Loading for", `${formatDuration(loading)} of at most ${formatDuration(st.start_timeout_s)}`]);
     }
-    rows.push(["Gateway upstream", st.upstream ? h("code", st.upstream) : "—"]);
+    // vLLM's own port skips keys and audit: labelled as internal; clients use this server's /v1.
+    rows.push(["/v1 forwards to", st.upstream
+      ? [h("code", st.upstream), h("span.hint.runtime-internal", " (internal: clients use this server's /v1)")] : "—"]);
     if (st.error && st.state !== "failed") rows.push(["Last error", st.error]);
     clear(facts, rows.map(([k, v]) => [h("dt", k), h("dd", v)]));
 
@@ -125,7 +136,17 @@ export async function render(root, page) {
       stopping: "vLLM is stopping.",
       stopped: ready.length ? "Nothing runs: choose a model below and press Start." : "Nothing runs.",
     };
+    if (st.state === "failed") notes.failed = `Failed: ${sentence(st.error || "vLLM stopped on its own")}`;
     const note = busy && !live ? "Starting vLLM…" : notes[st.state];
+    // Next steps while it serves: the name clients send (a path run by runtime.start: vLLM's own).
+    const served = (st.options && st.options.served_model_name) || st.deployment || st.model;
+    const serving = st.state === "ready" && Boolean(served);
+    chatLink.hidden = !serving;
+    connectLink.hidden = !serving;
+    if (serving) {
+      chatLink.href = `/chat?model=${encodeURIComponent(served)}`;
+      connectLink.href = `/?model=${encodeURIComponent(served)}#connect`;
+    }
     stateNote.hidden = !note;
     stateNote.textContent = note || "";
     showFailure(st);
@@ -224,7 +245,7 @@ export async function render(root, page) {
     pending = null;
     syncButtons();
     if (status.state === "ready") {
-      toast(done.action === "restart" ? `${done.name} restarted and is ready.` : `${done.name} is ready.`, "ok");
+      toast(done.action === "restart" ? `${done.name} restarted and is serving.` : `${done.name} is serving.`, "ok");
     } else if (status.state === "failed") {
       showError(done.slot, `vLLM failed to start: ${sentence(status.error || "it stopped on its own")} Its last lines are above.`);
     } else {
