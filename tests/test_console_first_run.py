@@ -92,7 +92,8 @@ def test_the_checklist_follows_a_fresh_data_dir_and_the_machine_is_shown(
         for step in ("deployment", "key", "request"):
             expect(checklist.locator(f'li[data-step="{step}"]')).to_have_attribute("data-done", "false")
         # The first step is done in place: the add form is in the checklist, the Models page beside it.
-        expect(model_step.locator("form.add-model-form input[name='source']")).to_be_editable()
+        form = checklist.locator('.first-run-form[data-step="model"] form.add-model-form')
+        expect(form.locator("input[name='source']")).to_be_editable()
         expect(model_step.get_by_role("link", name="Models page")).to_have_attribute("href", "/models")
         # No dead end: nothing offers "Start a model", and vLLM's own address is not the one to use.
         expect(page.get_by_text("Start a model")).to_have_count(0)

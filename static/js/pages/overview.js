@@ -95,7 +95,8 @@ function checklist({ models, deployments, keys, counts, addForm }) {
       step: "model", done: downloaded.length > 0, title: "Add a model",
       text: downloading
         ? "A model is downloading; it can be deployed once it is downloaded."
-        : "A Hugging Face repository (or a folder on this machine): it is checked, then downloaded at once.",
+        : "A Hugging Face repository (or a folder on this machine), in the form below: it is checked, then "
+          + "downloaded at once.",
       link: downloading ? ["/downloads", "See the download"] : null,
       form: downloading ? null : addForm,
       also: downloading ? null : ["/models", "Models page"],
@@ -126,9 +127,11 @@ function checklist({ models, deployments, keys, counts, addForm }) {
       h("div",
         h("strong", s.title), " ", h("span.step-state", s.done ? "done" : "to do"),
         h("p", s.text),
-        !s.done && s.form ? s.form : null,
         !s.done && (s.link || s.also) ? h("div.actions", s.link ? stepLink(s.link, s.step) : null,
-          s.also ? h("a.button.small.quiet", { href: s.also[0] }, s.also[1]) : null) : null)))));
+          s.also ? h("a.button.small.quiet", { href: s.also[0] }, s.also[1]) : null) : null)))),
+    // A step's form spans the card under the steps (a step's column is too narrow for it).
+    steps.filter((s) => !s.done && s.form).map((s) => h("div.first-run-form", { dataset: { step: s.step } },
+      h("h3", s.title), s.form)));
 }
 
 // A link to a page, or (for "#connect") a button that scrolls to the card: the console's router
@@ -147,7 +150,11 @@ function stepLink(link, step) {
 function runtimeCard(rt, models, deployments) {
   // A registered model by its name; a model started by path or Hub id as it was given.
   const registered = models.find((m) => m.id === rt.active_model_id);
-  const rows = [["State", stateBadge(runtimeWord(rt.state))], ["Model", registered ? registered.name : rt.model || "—"]];
+  // Deployments first: that is how models run; the runtime's own state is the one model run alone
+  // (the Runtime page), so "stopped" there says nothing against a deployment serving.
+  const rows = [["Deployments", (rt.instances || []).length ? summarize(rt.instances.map((i) => i.state)) : "none yet"],
+    ["One model alone", stateBadge(runtimeWord(rt.state))]];
+  if (rt.state !== "stopped") rows.push(["Model", registered ? registered.name : rt.model || "—"]);
   if (rt.pid) rows.push(["PID", String(rt.pid)]);
   if (rt.uptime_s !== null && rt.uptime_s !== undefined) rows.push(["Up for", formatDuration(rt.uptime_s)]);
   rows.push(["Clients use", h("code", `${location.origin}/v1`)]);
@@ -157,7 +164,6 @@ function runtimeCard(rt, models, deployments) {
       h("span.internal-note", " internal: skips keys and audit — don't give it out"))]);
   }
   if (rt.error) rows.push(["Last error", rt.error]);
-  rows.push(["Deployments", (rt.instances || []).length ? summarize(rt.instances.map((i) => i.state)) : "none yet"]);
   // The runtime page runs one model alone; models otherwise run as deployments.
   const action = rt.state !== "stopped" && !rt.deployment
     ? h("a.button", { href: "/runtime" }, "Open runtime")
