@@ -23,7 +23,7 @@ from playwright.sync_api import Browser, BrowserContext, Locator, Page, Request,
 
 from tests.support.browser import Watched, new_page, sign_in
 from tests.support.deployments import START_TIMEOUT_S, create, register
-from tests.support.server import Server
+from tests.support.server import Server, eventually
 from tests.support.stack import Stack, console_stack
 
 MESSAGE = 'ol[aria-label="Messages"] li.message'
@@ -222,6 +222,8 @@ def test_two_tabs_opened_at_once_share_one_playground_key(
             )
         for tab in tabs:
             expect(tab.page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
+        # Send is enabled before a key exists (a send waits for it): wait until both tabs keep one.
+        eventually(lambda: all(kept_key(tab.page) for tab in tabs), timeout=ANSWER_TIMEOUT_MS / 1000)
         made = playground_keys(tiny)
         assert len(made) == 1, [k["name"] for k in made] + [t.page.locator("main").inner_text() for t in tabs]
         assert kept_key(first.page) == kept_key(second.page) != ""
@@ -279,6 +281,9 @@ def test_a_key_forgotten_by_sign_out_is_deleted_when_its_successor_is_made(
         expect(page.get_by_label("Admin token or key")).to_be_visible()
         assert kept_key(page) == ""
         sign_in(watched, tiny.admin_token or "", "/chat")
+        # The conversation shown last comes back from IndexedDB: wait for it, so that `send` counts
+        # its answers from there.
+        expect(page.locator(ASSISTANT)).to_have_count(1)
         answered(send(page, "after"), "Echo: after")
         (new,) = playground_keys(tiny)
         assert new["id"] != old["id"]

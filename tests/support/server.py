@@ -167,7 +167,36 @@ def start_server(
 ) -> Server:
     """`vllm-use serve` as a child on a free loopback port; `nofile` caps its RLIMIT_NOFILE (soft and
     hard) for the tests of running out of descriptors; `repo` is the tree whose code runs (another
-    checkout: tools/bench_gateway.py --baseline)."""
+    checkout: tools/bench_gateway.py --baseline).
+
+    Between `free_port()` and the child's bind another process (another xdist worker) may take the
+    port: the child then exits saying so ("cannot listen on …: Address already in use"), and it is
+    started again on another port, up to PORT_TRIES times."""
+    for attempt in range(1, PORT_TRIES + 1):
+        try:
+            return _start_server(data_dir, extra, env, admin_token, wait, nofile, repo)
+        except PortTaken:
+            if attempt == PORT_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+PORT_TRIES = 3
+
+
+class PortTaken(AssertionError):
+    """The child could not bind its port: another process took it after `free_port()`."""
+
+
+def _start_server(
+    data_dir: Path,
+    extra: tuple[str, ...],
+    env: dict[str, str] | None,
+    admin_token: str | None,
+    wait: bool,
+    nofile: int | None,
+    repo: Path,
+) -> Server:
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir.parent / f"server-{port}.log"
@@ -203,7 +232,10 @@ def start_server(
             eventually(lambda: _healthy(server, port), timeout=START_TIMEOUT_S)
         except AssertionError:
             server.stop(signal.SIGKILL)
-            raise AssertionError("server did not start:\n" + server.log()) from None
+            log = server.log()
+            if f"cannot listen on 127.0.0.1:{port}: Address already in use" in log:
+                raise PortTaken(log) from None
+            raise AssertionError("server did not start:\n" + log) from None
     return server
 
 
