@@ -35,6 +35,7 @@ import socketserver
 import sys
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -231,10 +232,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    real = "the real vLLM"
+
+    class RealFirst(OrderedDict):
+        """The work queue, handing out the real vLLM's modules first: they are the longest unit
+        (minutes of vLLM starts, on one worker), so started last they would be the run's tail while
+        the other worker sits idle. xdist otherwise orders the units by their number of tests."""
+
+        def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
+            if not last and real in self:
+                return real, self.pop(real)
+            return super().popitem(last)
+
     class ByFile(LoadScopeScheduling):
+        def __init__(self, config: pytest.Config, log: Any = None) -> None:
+            super().__init__(config, log)
+            self.workqueue = RealFirst()
+
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "the real vLLM" if _on_the_real_vllm(path) else path
+            return real if _on_the_real_vllm(path) else path
 
     return ByFile(config, log)
 
