@@ -46,7 +46,7 @@ def make_run(tmp_path: Path, *make_args: str, path: str | None = None) -> Iterat
     """`make run` on a free port and a temp data dir, healthy; yields (port, [its output once
     stopped]) and stops it (the whole process group) on leaving."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_USE_")}
+    env = {k: v for k, v in own_env().items() if not k.startswith("VLLM_USE_")}
     if path is not None:
         env["PATH"] = path
     args = f"ARGS=--port {port} --data-dir {tmp_path / 'data'}"
@@ -120,7 +120,7 @@ def dry_run(tmp_path: Path, nvidia_smi: str | None, **env: str) -> subprocess.Co
     if nvidia_smi is not None:
         script(bin_dir / "nvidia-smi", nvidia_smi)
     path = os.pathsep.join([str(bin_dir), path_without("nvidia-smi")])
-    full = {**{k: v for k, v in os.environ.items() if k != "VLLM_BUILD"}, "PATH": path, **env}
+    full = {**own_env("VLLM_BUILD"), "PATH": path, **env}
     return subprocess.run(
         ["make", "--no-print-directory", "vllm", "ARGS=--dry-run", f"VLLM_VENV={tmp_path / 'venv'}"],
         cwd=REPO,
@@ -167,14 +167,30 @@ def test_make_vllm_picks_the_build_that_fits_the_machine(
     assert not venv.exists()  # a dry run installs nothing
 
 
+def test_make_vllm_refuses_an_option_it_does_not_know(tmp_path: Path) -> None:
+    done = make_vllm(tmp_path / "venv", ARGS="--durations=0")
+    assert done.returncode == 2
+    assert "usage: tools/install_vllm.sh [--dry-run] [VENV_DIR] (not: --durations=0" in done.stderr
+    assert not (tmp_path / "venv").exists()
+
+
 def test_make_vllm_refuses_an_unknown_build(tmp_path: Path) -> None:
     done = dry_run(tmp_path, None, VLLM_BUILD="gpu")
     assert done.returncode != 0
     assert "VLLM_BUILD must be cuda or cpu, not 'gpu'" in done.stderr
 
 
+# What a `make` running these tests hands its children (`make test ARGS=…` puts ARGS there): a
+# `make` the test starts must not inherit it.
+MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")
+
+
+def own_env(*drop: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in (*drop, *MAKE_VARIABLES)}
+
+
 def make_vllm(venv: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**{k: v for k, v in os.environ.items() if k != "VLLM_BUILD"}, **env}
+    full = {**own_env("VLLM_BUILD"), **env}
     return subprocess.run(
         ["make", "--no-print-directory", "vllm", f"VLLM_VENV={venv}"],
         cwd=REPO,

@@ -15,8 +15,7 @@ def test_a_port_taken_before_the_bind_is_replaced_by_another(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
+        taken.bind(("127.0.0.1", 0))  # bound, not listening: a probe of it is refused at once
         busy = taken.getsockname()[1]
         ports = iter([busy])
         real_free_port = support.free_port

@@ -21,6 +21,10 @@ if [[ "${1:-}" == "--dry-run" ]]; then
     DRY_RUN=1
     shift
 fi
+if [[ $# -gt 1 || "${1:-}" == -* ]]; then
+    echo "usage: tools/install_vllm.sh [--dry-run] [VENV_DIR] (not: $*)" >&2
+    exit 2
+fi
 VENV="${1:-$ROOT/.vllm}"
 
 # The probe: nvidia-smi talks to the driver through NVML; it lists one "GPU n: …" line per GPU.
