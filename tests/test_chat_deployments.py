@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, Request, expect
+from playwright.sync_api import Browser, Page, Request, expect
 
 from tests.fakes import fake_vllm_bin
 from tests.support.browser import Watched, new_page, sign_in
 from tests.support.server import Server, eventually, free_port, start_server
-from tests.test_chat import forgive_aborted
+from tests.test_chat import ASSISTANT, forgive_aborted, send
 from tests.test_deployments import START_TIMEOUT_S, create, register
 
-ASSISTANT = 'ol[aria-label="Messages"] li.message[data-role="assistant"]'
 CHAT_PATH = "/v1/chat/completions"
 QWEN_LOAD_S = 3  # long enough to be seen loading, well under the gateway's wait
 PATIENT_LOAD_S = 10  # still loading after a reload of the page on a busy machine
@@ -104,14 +103,6 @@ def labels(page: Page, name: str = "Model") -> list[str]:
         .locator("option")
         .evaluate_all("os => os.map(o => o.textContent.trim())")
     )
-
-
-def send(page: Page, text: str) -> Locator:
-    before = page.locator(ASSISTANT).count()
-    page.get_by_label("Message", exact=True).fill(text)
-    page.get_by_role("button", name="Send", exact=True).click()
-    expect(page.locator(ASSISTANT)).to_have_count(before + 1)
-    return page.locator(ASSISTANT).last
 
 
 def chat_posts(page: Page) -> list[Request]:

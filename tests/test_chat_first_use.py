@@ -25,9 +25,9 @@ from tests.support.browser import Watched, new_page, sign_in
 from tests.support.deployments import START_TIMEOUT_S, create, register
 from tests.support.server import Server, eventually
 from tests.support.stack import Stack, console_stack
+from tests.test_chat import ASSISTANT, send
 
 MESSAGE = 'ol[aria-label="Messages"] li.message'
-ASSISTANT = MESSAGE + '[data-role="assistant"]'
 CHAT_PATH = "/v1/chat/completions"
 ANSWER_TIMEOUT_MS = (START_TIMEOUT_S + 10) * 1000
 PLAYGROUND = re.compile(r"^playground · [A-Za-z]+ · \d{4}-\d{2}-\d{2}$")
@@ -87,15 +87,6 @@ def playground_keys(server: Server) -> list[dict[str, Any]]:
 
 def kept_key(page: Page) -> str:
     return str(page.evaluate("() => localStorage.getItem('vllm-use.playground-key') || ''"))
-
-
-def send(page: Page, text: str) -> Locator:
-    """Type `text` in the composer and press Send; the new assistant message."""
-    before = page.locator(ASSISTANT).count()
-    page.get_by_label("Message", exact=True).fill(text)
-    page.get_by_role("button", name="Send", exact=True).click()
-    expect(page.locator(ASSISTANT)).to_have_count(before + 1)
-    return page.locator(ASSISTANT).last
 
 
 def answered(message: Locator, text: str) -> None:

@@ -122,7 +122,7 @@ def test_a_new_operator_gets_a_colleague_chatting_in_eight_actions(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=WORK_TIMEOUT_MS / 1000,  # its request may wait for a load (a vLLM start)
         env={"PATH": "/usr/bin:/bin", "NO_PROXY": "*"},  # nothing of the test's own environment
     )
     assert ran.returncode == 0, ran.stderr

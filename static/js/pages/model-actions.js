@@ -5,24 +5,14 @@
 //   deployLink(modelId)        a[data-action="deploy"] "Deploy" → /deployments?model=<id>
 //   removeModel(name, id)      asks first; DELETE /api/models/{id}?files=true; resolves true when removed
 //   followDownloads(signal, onTask, onState)   GET /api/downloads/events, reconnecting after it ends
-//   followInPage(event)        a link handler that keeps the link's query string
 import { api, events } from "../api.js";
 import { confirmDialog, h, sleep } from "../ui.js";
 
 const RECONNECT_MS = 2000;
 
-// main.js routes same-origin links by their pathname only, which would drop "?model=…": push the
-// whole URL ourselves and let main.js's popstate handler show the page (it keeps location.search).
-export function followInPage(event) {
-  if (event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
-  event.preventDefault();
-  history.pushState({}, "", event.currentTarget.getAttribute("href"));
-  window.dispatchEvent(new PopStateEvent("popstate"));
-}
-
 export function deployLink(modelId, { primary = true } = {}) {
   return h(`a.button.small${primary ? ".primary" : ""}`, {
-    href: `/deployments?model=${encodeURIComponent(modelId)}`, "data-action": "deploy", onclick: followInPage,
+    href: `/deployments?model=${encodeURIComponent(modelId)}`, "data-action": "deploy",
   }, "Deploy");
 }
 

@@ -21,7 +21,7 @@ import { api } from "../api.js";
 import { clear, empty, errorSlot, every, formatBytes, h, humanError, pageHeader, placeholder, showError, toast } from "../ui.js";
 import { SERVING, instanceWord, modelWord, runtimeWord, stateBadge } from "../states.js";
 import { addModelForm } from "../add-model.js";
-import { deployLink, followDownloads, followInPage, removeModel } from "./model-actions.js";
+import { deployLink, followDownloads, removeModel } from "./model-actions.js";
 
 // Model statuses from which downloads.start accepts a Hugging Face model.
 const DOWNLOADABLE = new Set(["registered", "failed", "error", "canceled"]);
@@ -190,7 +190,6 @@ function modelRow(model, { task, users, signal, refresh, onDelete }) {
   } else if (hub && DOWNLOADABLE.has(model.status)) {
     actions.push(h("a.button.small.primary", {
       href: `/downloads?model=${encodeURIComponent(model.id)}`, "data-action": "download",
-      onclick: followInPage,
     }, "Download"));
   }
   if (model.status === "downloading") {
