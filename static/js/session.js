@@ -12,9 +12,10 @@ export function remember(value, persistent) {
   (persistent ? localStorage : sessionStorage).setItem(KEY, value);
 }
 
-// Signing out forgets the admin credential and the chat's playground key kept beside it.
+// Signing out forgets the admin credential and the chat's keys kept beside it (chat/key.js: the
+// playground key and the tool key).
 export function forget() {
-  for (const key of [KEY, "vllm-use.playground-key"]) {
+  for (const key of [KEY, "vllm-use.playground-key", "vllm-use.chat-tools-key"]) {
     sessionStorage.removeItem(key);
     localStorage.removeItem(key);
   }

@@ -45,7 +45,7 @@ import struct
 import time
 import uuid
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 KEEP_ALIVE_S = 5.0  # uvicorn's timeout_keep_alive, as vLLM starts it
@@ -266,8 +266,27 @@ class Generated:
     text: str
     prompt_tokens: int
     completion_tokens: int
-    finish_reason: str = "stop"  # or "length"
+    finish_reason: str = "stop"  # or "length", or "tool_calls" (with `tool_calls`)
     reasoning: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the model made (vLLM with `--enable-auto-tool-choice --tool-call-parser …`):
+    `arguments` is the JSON text of the arguments; vLLM's ids are `chatcmpl-tool-<hex>`."""
+
+    name: str
+    arguments: str
+    id: str = field(default_factory=lambda: new_id("chatcmpl-tool-"))
+
+    def message(self) -> dict[str, Any]:
+        """As `message.tool_calls[i]` of a chat.completion."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 def models(names: list[str], root: str, max_model_len: int) -> dict[str, Any]:
@@ -322,6 +341,9 @@ def chat_completion(g: Generated) -> dict[str, Any]:
         "function_call": None,
         "reasoning": g.reasoning,
     }  # no `tool_calls` key when there are none
+    if g.tool_calls:
+        message["content"] = g.text or None
+        message["tool_calls"] = [call.message() for call in g.tool_calls]
     choice = {
         "index": 0,
         "message": message,
@@ -589,6 +611,39 @@ class ChatStream(Stream):
             "token_ids": None,
         }
         return self._chunk(choice)
+
+    def tool_calls(self, calls: list[ToolCall], fragment: int = 8) -> list[bytes]:
+        """The chunks of tool calls, as vLLM streams them: per call a first delta with its index, id,
+        type and name (arguments ""), then its arguments in fragments of `fragment` characters;
+        the last chunk has `finish_reason` "tool_calls". Then the end (usage, [DONE])."""
+        chunks: list[bytes] = []
+        deltas: list[dict[str, Any]] = []
+        for index, call in enumerate(calls):
+            head = {
+                "index": index,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
+            deltas.append(head)
+            for at in range(0, len(call.arguments), fragment):
+                deltas.append({"index": index, "function": {"arguments": call.arguments[at : at + fragment]}})
+        for n, delta in enumerate(deltas):
+            self.tokens += 1
+            last = n == len(deltas) - 1
+            choice = {
+                "index": 0,
+                "delta": {"tool_calls": [delta]},
+                "logprobs": None,
+                "finish_reason": "tool_calls" if last else None,
+                "token_ids": None,
+            }
+            if last:
+                choice["stop_reason"] = None
+            chunks.append(self._chunk(choice))
+        if self.include_usage:
+            chunks.append(self._chunk(None, usage=_usage(self.prompt_tokens, self.tokens, details=False)))
+        return [*chunks, sse("[DONE]")]
 
     def end(self, last: str, finish_reason: str = "stop") -> list[bytes]:
         self._count(last)

@@ -49,6 +49,11 @@ Knobs (set from the test thread; read by the handlers as they run):
     keep_alive          seconds an idle keep-alive connection is kept (uvicorn: 5)
     extra_headers       added to every answer (e.g. cache headers the gateway must replace)
     reply               the generated text
+    script              chat turns, one per chat completion request in order (then ``reply`` again):
+                        a str is that answer's text; a list of ``shapes.ToolCall`` is an answer
+                        with those tool calls (streamed as vLLM does with a tool-call parser,
+                        finish reason ``tool_calls``). Every request body is recorded, so a test
+                        reads what the ``tool`` messages carried
     down() / up()       stop listening (connections refused) / listen again on the same port
 
 ``reset()`` clears the records and the knobs. ``stop()`` ends endless streams and closes every open
@@ -150,6 +155,7 @@ class _Handler(tornado.web.RequestHandler):
     def initialize(self, fake: FakeUpstream) -> None:
         self.fake = fake
         self._closed_recorded = False
+        self.reply_override: str | None = None  # this request's scripted text (`script`)
 
     def set_default_headers(self) -> None:
         # uvicorn's own headers; Tornado adds Date.
@@ -265,8 +271,9 @@ class _Handler(tornado.web.RequestHandler):
             raise _Gone() from None
 
     def _reply(self, limit: Any) -> tuple[list[str], str]:
-        """The pieces of `reply` and the finish reason: cut to the request's max tokens, `length`."""
-        words = _split_words(self.fake.reply)
+        """The pieces of `reply` (or of this request's scripted text) and the finish reason: cut to
+        the request's max tokens, `length`."""
+        words = _split_words(self.reply_override or self.fake.reply)
         if isinstance(limit, int) and 0 < limit < len(words):
             return words[:limit], "length"
         return words, "stop"
@@ -344,6 +351,22 @@ class _Handler(tornado.web.RequestHandler):
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         shapes.check_max_tokens(limit, self.fake.max_model_len)
         prompt = " ".join(shapes.text_of(m.get("content")) for m in messages if isinstance(m, dict))
+        turn = self.fake._next_turn()
+        if isinstance(turn, list):  # tool calls
+            generated = replace(self._generated(model, prompt, limit), text="", finish_reason="tool_calls")
+            if not body.get("stream"):
+                self._json(shapes.chat_completion(replace(generated, tool_calls=turn)))
+                return
+            self.set_header("Content-Type", shapes.SSE_CONTENT_TYPE)
+            stream = shapes.ChatStream(model, _tokens(prompt), self._usage_options(body))
+            for chunk in [*stream.start(), *stream.tool_calls(turn)]:
+                if self.fake.word_interval:
+                    await asyncio.sleep(self.fake.word_interval)
+                await self._send(chunk)
+            self.finish()
+            return
+        if turn is not None:
+            self.reply_override = turn
         if not body.get("stream"):
             generated = replace(self._generated(model, prompt, limit), reasoning=self.fake.reasoning or None)
             self._json(shapes.chat_completion(generated))
@@ -504,6 +527,7 @@ class FakeUpstream:
         self.keep_alive = shapes.KEEP_ALIVE_S
         self.extra_headers: dict[str, str] = {}
         self.reply = "Hello from the fake upstream"
+        self.script: list[str | list[shapes.ToolCall]] = []
         with self._lock:
             self._requests.clear()
             self._closes.clear()
@@ -531,6 +555,11 @@ class FakeUpstream:
     def received(self, request_id: str) -> list[Received]:
         """The requests that came with this X-Request-ID (the gateway forwards its request id)."""
         return [r for r in self.requests if r.header("X-Request-ID") == request_id]
+
+    def _next_turn(self) -> str | list[shapes.ToolCall] | None:
+        """The scripted answer of this chat request, or None once the script is spent."""
+        with self._lock:
+            return self.script.pop(0) if self.script else None
 
     def _record(self, request: Received) -> None:
         with self._lock:

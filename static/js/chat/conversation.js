@@ -68,7 +68,7 @@ export function createEntries() {
     async addAnswers(entry, user, choice, fresh) {
       const { conversation } = entry;
       Object.assign(conversation, { model: choice.model, compareModel: choice.compareModel, params: choice.params,
-        updatedAt: Date.now() });
+        tools: choice.tools || [], updatedAt: Date.now() });
       select(conversation, user);
       const startedAt = Date.now();
       const first = newMessage(entry, { role: "assistant", parentId: user.id, model: choice.model || null,
@@ -95,19 +95,35 @@ export function createEntries() {
 export function newEntry(text, choice) {
   const now = Date.now();
   return { conversation: { id: store.newId(), title: titleFrom(text), createdAt: now, updatedAt: now,
-    model: choice.model, compareModel: choice.compareModel, params: choice.params, selected: {} }, messages: new Map() };
+    model: choice.model, compareModel: choice.compareModel, params: choice.params, tools: choice.tools || [],
+    selected: {} }, messages: new Map() };
 }
 
-// The completion request answering `user`: the system prompt, the messages from the first down to
-// `user`, and the parameters that are set.
-export function requestBody(entry, user, model, params) {
+// The completion request answering `user` (or continuing after an answer's tool calls): the system
+// prompt, the messages from the first down to `user`, the parameters that are set, and the `tools`
+// definitions selected. An answer with tool calls is an assistant message with `tool_calls` (its
+// content null when it has none) followed by one `tool` message per call (docs/chat.md, "Tools").
+export function requestBody(entry, user, model, params, tools = []) {
   const messages = [];
   if (params.system && params.system.trim()) messages.push({ role: "system", content: params.system });
   for (const m of lineage(entry.messages, user.id)) {
-    if (m.content) messages.push({ role: m.role, content: m.content });
+    if (m.role === "assistant" && m.toolCalls && m.toolCalls.length) messages.push(...toolMessages(m));
+    else if (m.content) messages.push({ role: m.role, content: m.content });
   }
   const body = { messages, ...requestFields(params) };
+  if (tools.length) body.tools = tools;
   return model ? { model, ...body } : body;
+}
+
+const NOT_RUN = JSON.stringify({ error: "this call was not run" });
+
+function toolMessages(m) {
+  const id = (call, i) => call.id || `call-${m.id}-${i}`;
+  return [
+    { role: "assistant", content: m.content || null, tool_calls: m.toolCalls.map((call, i) => ({ id: id(call, i),
+      type: "function", function: { name: call.name, arguments: call.arguments || "{}" } })) },
+    ...m.toolCalls.map((call, i) => ({ role: "tool", tool_call_id: id(call, i), content: call.result ?? NOT_RUN })),
+  ];
 }
 
 // Import: a file exported by this chat, stored as a new conversation (store.js checks it and says

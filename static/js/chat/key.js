@@ -28,9 +28,13 @@ import { api } from "../api.js";
 import { errorSlot, field, h, humanError, showError, sleep, toast } from "../ui.js";
 import { v1 } from "./stream.js";
 
-const KEY = "vllm-use.playground-key"; // the secret (also the name session.js forgets at sign-out)
-const KEY_ID = "vllm-use.playground-key-id"; // the id of the key this browser created
-const LOCK = "vllm-use.playground-key";
+// The keys this page makes, one of each per browser profile: `secret` and `id` are their
+// localStorage names (session.js forgets the secrets at sign-out), `lock` the name of the lock
+// their creation runs under. The tool key (chat/tools.js, docs/chat.md "Tools") is made the same way.
+export const PLAYGROUND = { secret: "vllm-use.playground-key", id: "vllm-use.playground-key-id",
+  lock: "vllm-use.playground-key", scopes: ["inference"], label: "playground" };
+export const TOOLS = { secret: "vllm-use.chat-tools-key", id: "vllm-use.chat-tools-key-id",
+  lock: "vllm-use.chat-tools-key", scopes: ["tools"], label: "chat tools" };
 const LEASES = "vllm-use-chat-key"; // an IndexedDB database: the lock where navigator.locks is missing
 const LEASE_MS = 15_000; // a lease older than this is a tab that died holding it
 const RETRY_MS = 200; // a tab that found the lease taken looks again after this
@@ -39,14 +43,12 @@ const RETRY_MS = 200; // a tab that found the lease taken looks again after this
 // the lock at once could still read no key there, and make a second one (seen in Chromium).
 const PUBLISH_MS = 500;
 
-export function inferenceKey() {
-  return localStorage.getItem(KEY) || "";
-}
+const storedKey = (kind) => localStorage.getItem(kind.secret) || "";
 
-function keep(secret, id = null) {
-  localStorage.setItem(KEY, secret);
-  sessionStorage.removeItem(KEY); // an earlier version kept it per tab
-  if (id) localStorage.setItem(KEY_ID, id);
+function keep(kind, secret, id = null) {
+  localStorage.setItem(kind.secret, secret);
+  sessionStorage.removeItem(kind.secret); // an earlier version kept the playground key per tab
+  if (id) localStorage.setItem(kind.id, id);
 }
 
 // The browser's name, simply: what userAgentData's brands say, else the user agent string.
@@ -68,11 +70,12 @@ function today() {
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}`;
 }
 
-export const playgroundName = () => `playground · ${browserName()} · ${today()}`;
+const keyName = (kind) => `${kind.label} · ${browserName()} · ${today()}`;
+export const playgroundName = () => keyName(PLAYGROUND);
 
-// Runs `fn` while no other tab of this profile runs it.
-async function exclusively(fn, signal) {
-  if (navigator.locks && navigator.locks.request) return navigator.locks.request(LOCK, { signal }, fn);
+// Runs `fn` while no other tab of this profile runs it (for the key `kind`).
+async function exclusively(kind, fn, signal) {
+  if (navigator.locks && navigator.locks.request) return navigator.locks.request(kind.lock, { signal }, fn);
   // No navigator.locks (a plain-http address that is not localhost): a lease in IndexedDB, whose
   // read-write transactions on one store never overlap, in any tab of the profile.
   const me = `${Date.now()}-${Math.random().toString(36).slice(2)}`;
@@ -85,14 +88,14 @@ async function exclusively(fn, signal) {
   try {
     for (;;) {
       if (signal.aborted) throw new DOMException("aborted", "AbortError");
-      if (await lease(db, me, true)) break;
-      if (inferenceKey()) return await fn(); // another tab made it meanwhile: `fn` finds it
+      if (await lease(db, kind.lock, me, true)) break;
+      if (storedKey(kind)) return await fn(); // another tab made it meanwhile: `fn` finds it
       await sleep(RETRY_MS, signal);
     }
     try {
       return await fn();
     } finally {
-      await lease(db, me, false).catch(() => {});
+      await lease(db, kind.lock, me, false).catch(() => {});
     }
   } finally {
     db.close();
@@ -110,20 +113,20 @@ function openLeases() {
 
 // In one read-write transaction: takes the lease (`take`, when it is free, stale or already `me`'s)
 // or gives it back (when it is `me`'s). Resolves to whether `me` holds it afterwards.
-function lease(db, me, take) {
+function lease(db, name, me, take) {
   return new Promise((resolve, reject) => {
     const tx = db.transaction("lease", "readwrite");
     const leases = tx.objectStore("lease");
     let mine = false;
-    const read = leases.get(LOCK);
+    const read = leases.get(name);
     read.onsuccess = () => {
       const held = read.result;
       const free = !held || held.at + LEASE_MS < Date.now() || held.id === me;
       if (take && free) {
-        leases.put({ id: me, at: Date.now() }, LOCK);
+        leases.put({ id: me, at: Date.now() }, name);
         mine = true;
       } else if (!take && held && held.id === me) {
-        leases.delete(LOCK);
+        leases.delete(name);
       }
     };
     tx.oncomplete = () => resolve(mine);
@@ -132,10 +135,85 @@ function lease(db, me, take) {
   });
 }
 
-export function createKeyPanel({ signal, onUse }) {
+// The machinery of one kind of key (PLAYGROUND or TOOLS): `key` is the usable key now ("" for
+// none); `ensure()` resolves to a usable key, made under the lock when this profile has none;
+// `refused(key)` notes a key its API refused, which the next `ensure()` replaces; `failed` is true
+// once a creation failed; `use(secret)` keeps a key pasted by the user. `onFailure(err)` hears why a
+// creation failed (an abort or a 401, the console signing out, is not a failure).
+export function createKeeper(kind, { signal, onFailure = () => {} }) {
   let ensuring = null;
   let failed = false;
+  const refused = new Set(); // keys the API refused to this page
+  const usable = () => {
+    const now = storedKey(kind);
+    return now && !refused.has(now) ? now : "";
+  };
 
+  // Runs under the lock, with no usable key in the storage. Its secret goes to the key's storage
+  // (above) and nowhere else.
+  const create = async () => {
+    const stored = storedKey(kind);
+    // A key id without its secret: forgotten at sign-out, nothing can use that key any more. (A
+    // refused key is left as the admin left it: a disabled one stays listed as disabled.)
+    const orphan = stored ? null : localStorage.getItem(kind.id);
+    const created = await api("POST", "/keys", { name: keyName(kind), scopes: kind.scopes }, { signal });
+    keep(kind, created.secret, created.key.id);
+    if (orphan && orphan !== created.key.id) api("DELETE", `/keys/${encodeURIComponent(orphan)}`).catch(() => {});
+    if (stored) {
+      toast(`The chat's ${kind.label} key was refused (deleted or disabled?); it now uses a new one, `
+        + `“${created.key.name}”.`, "info");
+    }
+    return created.secret;
+  };
+
+  const ensure = () => {
+    const now = usable();
+    if (now) return Promise.resolve(now);
+    if (ensuring) return ensuring;
+    ensuring = (async () => {
+      try {
+        const key = await exclusively(kind, async () => {
+          const found = usable(); // made by another tab while this one waited for the lock
+          if (found) return found;
+          const made = await create();
+          await sleep(PUBLISH_MS, signal);
+          return made;
+        }, signal);
+        failed = false;
+        return key;
+      } catch (err) {
+        if (err.name === "AbortError" || err.status === 401) return "";
+        failed = true;
+        onFailure(err);
+        return "";
+      } finally {
+        ensuring = null;
+      }
+    })();
+    return ensuring;
+  };
+
+  return {
+    get key() {
+      return usable();
+    },
+    get failed() {
+      return failed;
+    },
+    ensure,
+    // Only noted here: the storage is looked at (and the key replaced) under the lock, by ensure().
+    refused(key) {
+      if (key) refused.add(key);
+    },
+    use(secret) {
+      refused.delete(secret);
+      keep(kind, secret);
+      failed = false;
+    },
+  };
+}
+
+export function createKeyPanel({ signal, onUse }) {
   const keyInput = h("input", { type: "password", name: "key", autocomplete: "off", spellcheck: "false",
     placeholder: "vu_…" });
   const error = errorSlot();
@@ -150,56 +228,17 @@ export function createKeyPanel({ signal, onUse }) {
     form,
     error);
 
-  const refused = new Set(); // keys /v1 refused to this page
-  const usable = () => {
-    const now = inferenceKey();
-    return now && !refused.has(now) ? now : "";
-  };
-
-  // Runs under the lock, with no usable key in the storage. Its secret goes to the key's storage
-  // (above) and nowhere else.
-  const create = async () => {
-    const stored = inferenceKey();
-    // A key id without its secret: forgotten at sign-out, nothing can use that key any more. (A
-    // refused key is left as the admin left it: a disabled one stays listed as disabled.)
-    const orphan = stored ? null : localStorage.getItem(KEY_ID);
-    const created = await api("POST", "/keys", { name: playgroundName(), scopes: ["inference"] }, { signal });
-    keep(created.secret, created.key.id);
-    if (orphan && orphan !== created.key.id) api("DELETE", `/keys/${encodeURIComponent(orphan)}`).catch(() => {});
-    if (stored) {
-      toast(`The chat's key was refused (deleted or disabled?); it now uses a new one, “${created.key.name}”.`, "info");
-    }
-    return created.secret;
-  };
-
-  // A usable key; made under the lock when this profile has none.
-  const ensure = () => {
-    const now = usable();
-    if (now) return Promise.resolve(now);
-    if (ensuring) return ensuring;
-    ensuring = (async () => {
-      try {
-        const key = await exclusively(async () => {
-          const found = usable(); // made by another tab while this one waited for the lock
-          if (found) return found;
-          const made = await create();
-          await sleep(PUBLISH_MS, signal);
-          return made;
-        }, signal);
-        failed = false;
-        showError(error, null);
-        return key;
-      } catch (err) {
-        if (err.name === "AbortError" || err.status === 401) return "";
-        failed = true;
-        region.open = true;
-        showError(error, `A playground key could not be created: ${humanError(err)}. Paste an inference key instead.`);
-        return "";
-      } finally {
-        ensuring = null;
-      }
-    })();
-    return ensuring;
+  const keeper = createKeeper(PLAYGROUND, {
+    signal,
+    onFailure: (err) => {
+      region.open = true;
+      showError(error, `A playground key could not be created: ${humanError(err)}. Paste an inference key instead.`);
+    },
+  });
+  const ensure = async () => {
+    const key = await keeper.ensure();
+    if (key) showError(error, null);
+    return key;
   };
 
   form.addEventListener("submit", async (event) => {
@@ -223,9 +262,7 @@ export function createKeyPanel({ signal, onUse }) {
       // Anything else (no model running) says nothing against the key.
     }
     keyInput.value = "";
-    refused.delete(value);
-    keep(value);
-    failed = false;
+    keeper.use(value);
     region.open = false;
     toast("The chat now uses the key you pasted; it is kept in this browser.", "ok");
     onUse(value);
@@ -234,16 +271,13 @@ export function createKeyPanel({ signal, onUse }) {
   return {
     element: region,
     get key() {
-      return usable();
+      return keeper.key;
     },
     get failed() {
-      return failed;
+      return keeper.failed;
     },
     ensure,
-    // Only noted here: the storage is looked at (and the key replaced) under the lock, by ensure().
-    refused(key) {
-      if (key) refused.add(key);
-    },
+    refused: (key) => keeper.refused(key),
     ask() {
       region.open = true;
       keyInput.focus();

@@ -6,7 +6,9 @@
 // - `messages` (key [conversationId, id], indexes `conversation` and `status`): {conversationId, id,
 //   parentId (null for a first message), role, content, reasoning, status (streaming|done|stopped|error),
 //   offset (bytes of the stream consumed), model, pairOf (the answer this one is compared with),
-//   createdAt, startedAt, firstTokenAt, finishedAt, tokens, usageTokens, finishReason, note}
+//   createdAt, startedAt, firstTokenAt, finishedAt, tokens, usageTokens, finishReason, note,
+//   toolCalls: [{id, name, arguments, state, output, result, error}], round, toolNote, toolsEnded}
+//   (the tool loop, chat/toolloop.js); a conversation's `tools` are the tool names selected.
 // Messages form a tree through parentId; `selected` says which sibling each parent shows.
 //
 // Export is one JSON document {format: "vllm-use-chat", version: 1, conversation, messages};
@@ -136,6 +138,25 @@ const isId = (v) => typeof v === "string" && /^[\x21-\x39\x3b-\x7e]{1,128}$/.tes
 const optionalString = (v) => v === undefined || v === null || typeof v === "string";
 const optionalNumber = (v) => v === undefined || v === null || (typeof v === "number" && Number.isFinite(v));
 
+const CALL_STATES = ["waiting", "running", "done", "denied", "failed", "interrupted", "skipped"];
+
+// A message's tool calls (chat/toolloop.js), as an export has them.
+function checkToolCalls(m, where, bad) {
+  if (!optionalString(m.toolNote)) bad(`${where}.toolNote should be text`);
+  if (m.toolsEnded !== undefined && typeof m.toolsEnded !== "boolean") bad(`${where}.toolsEnded should be true or false`);
+  if (m.toolCalls === undefined) return;
+  if (!Array.isArray(m.toolCalls) || m.role !== "assistant") bad(`${where}.toolCalls should be a list, on an answer`);
+  m.toolCalls.forEach((call, j) => {
+    const at = `${where}.toolCalls[${j}]`;
+    if (!isObject(call)) bad(`${at} should be an object`);
+    for (const key of ["id", "name", "arguments"]) if (typeof call[key] !== "string") bad(`${at}.${key} should be text`);
+    for (const key of ["output", "result", "error"]) if (!optionalString(call[key])) bad(`${at}.${key} should be text`);
+    if (call.state !== undefined && !CALL_STATES.includes(call.state)) {
+      bad(`${at}.state should be one of ${CALL_STATES.join(", ")}`);
+    }
+  });
+}
+
 // The conversation and messages from an exported file's text; throws ImportError saying what is wrong.
 export function parseImport(text) {
   let doc;
@@ -166,6 +187,9 @@ export function parseImport(text) {
       && !(Array.isArray(params.stop) && params.stop.every((s) => typeof s === "string"))) {
     bad("conversation.params.stop should be a list of strings");
   }
+  if (c.tools !== undefined && !(Array.isArray(c.tools) && c.tools.every((t) => typeof t === "string"))) {
+    bad("conversation.tools should be a list of tool names");
+  }
   if (c.selected !== undefined && !(isObject(c.selected) && Object.values(c.selected).every(isId))) {
     bad("conversation.selected should map message ids to message ids");
   }
@@ -182,9 +206,11 @@ export function parseImport(text) {
     if (!optionalString(m.reasoning) || !optionalString(m.model) || !optionalString(m.note)
         || !optionalString(m.finishReason)) bad(`${where}: reasoning, model, note and finishReason should be text`);
     if (!STATUSES.includes(m.status)) bad(`${where}.status should be one of ${STATUSES.join(", ")}`);
-    for (const key of ["offset", "createdAt", "startedAt", "firstTokenAt", "finishedAt", "tokens", "usageTokens"]) {
+    for (const key of ["offset", "createdAt", "startedAt", "firstTokenAt", "finishedAt", "tokens", "usageTokens",
+      "round"]) {
       if (!optionalNumber(m[key])) bad(`${where}.${key} should be a number`);
     }
+    checkToolCalls(m, where, bad);
   });
   const byId = new Map(doc.messages.map((m) => [m.id, m]));
   doc.messages.forEach((m, i) => {

@@ -98,8 +98,24 @@ export async function lookupStreams(key, ids, signal) {
   return found;
 }
 
-// Fold one event's data into `message` ({content, reasoning, tokens, firstTokenAt, usageTokens,
-// finishReason}). Returns "done" for [DONE], an Error for an error event, otherwise null.
+// Streamed tool calls (vLLM's shape, docs/chat.md "Tools"): the first delta of a call carries its
+// `index`, `id`, `function.name` and "" arguments; later ones the same `index` and a fragment of
+// `function.arguments`. Folded into `message.toolCalls` [{id, name, arguments}], by index.
+function foldToolCalls(message, deltas) {
+  const calls = message.toolCalls || (message.toolCalls = []);
+  for (const d of deltas) {
+    if (!d || !Number.isInteger(d.index) || d.index < 0 || d.index > 127) continue;
+    const call = calls[d.index] || (calls[d.index] = { id: "", name: "", arguments: "" });
+    const fn = d.function || {};
+    if (typeof d.id === "string" && d.id) call.id = d.id;
+    if (typeof fn.name === "string" && fn.name) call.name += fn.name;
+    if (typeof fn.arguments === "string") call.arguments += fn.arguments;
+  }
+  for (let i = 0; i < calls.length; i += 1) if (!calls[i]) calls[i] = { id: "", name: "", arguments: "" };
+}
+
+// Fold one event's data into `message` ({content, reasoning, toolCalls, tokens, firstTokenAt,
+// usageTokens, finishReason}). Returns "done" for [DONE], an Error for an error event, otherwise null.
 export function applyChunk(message, data) {
   if (data === null) return null;
   if (data.trim() === "[DONE]") return "done";
@@ -123,6 +139,10 @@ export function applyChunk(message, data) {
   }
   if (typeof delta.content === "string" && delta.content) {
     message.content += delta.content;
+    token = true;
+  }
+  if (Array.isArray(delta.tool_calls)) {
+    foldToolCalls(message, delta.tool_calls);
     token = true;
   }
   if (token) {

@@ -3,7 +3,8 @@
 // drawn by chat/view.js; an answer compared side by side shows with its partner as two columns
 // (`.compare`).
 //
-// `createThread({onBranch(id), onEdit(message, item), onRegenerate(message)})`: `render(entry,
+// `createThread({onBranch(id), onEdit(message, item), onRegenerate(message), onToolDecision(message,
+// index, choice)})` (the last from an answer's tool calls, chat/toolcalls.js): `render(entry,
 // busy)` draws a conversation ({conversation, messages}, or null for a new chat); `changed(message,
 // now)` redraws one message shown, at once with `now`, else at most every RENDER_MS (a streaming
 // answer's Markdown is not redrawn per chunk), keeping the view at the bottom if it was there;
@@ -19,7 +20,7 @@ const RENDER_MS = 50;
 const nearBottom = () => window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 120;
 export const toBottom = () => window.scrollTo({ top: document.documentElement.scrollHeight });
 
-export function createThread({ onBranch, onEdit, onRegenerate }) {
+export function createThread({ onBranch, onEdit, onRegenerate, onToolDecision }) {
   const title = h("h2.thread-title", "New chat");
   const list = h("ol.messages", { "aria-label": "Messages" });
   const emptyHint = h("p.thread-empty", "Ask the running model something: Enter sends, Shift+Enter starts a new line.");
@@ -42,7 +43,7 @@ export function createThread({ onBranch, onEdit, onRegenerate }) {
   };
 
   const itemFor = (m, siblings, busy) => {
-    const item = messageItem(m, { siblings, busy, onBranch, onEdit, onRegenerate });
+    const item = messageItem(m, { siblings, busy, onBranch, onEdit, onRegenerate, onToolDecision });
     item.message = m;
     items.set(m.id, item);
     return item;

@@ -10,6 +10,7 @@
 
 import { errorSlot, field, h, showError } from "../ui.js";
 import { renderMarkdown } from "./markdown.js";
+import { updateToolCalls } from "./toolcalls.js";
 
 const seconds = (ms) => `${(ms / 1000).toFixed(2)} s`;
 
@@ -30,7 +31,8 @@ function loadingText(m) {
   return m.retryIn ? `${name} still loading; asking again in ${m.retryIn} s` : name;
 }
 
-// `actions`: {siblings: [ids], onBranch(id), onEdit(message), onRegenerate(message), busy: bool}
+// `actions`: {siblings: [ids], onBranch(id), onEdit(message), onRegenerate(message),
+// onToolDecision(message, index, choice) (chat/toolcalls.js), busy: bool}
 export function messageItem(message, actions) {
   const item = h("li.message", { dataset: { messageId: message.id, role: message.role, status: message.status } });
   const author = message.role === "user" ? "You" : message.model || "Assistant";
@@ -58,7 +60,7 @@ export function messageItem(message, actions) {
       onclick: () => actions.onRegenerate(message) }, "Regenerate"));
   }
   item.append(head, body, h("div.message-foot", state, stats, buttons));
-  item.parts = { body, state, stats, reasoning: null, rendered: null };
+  item.parts = { body, state, stats, reasoning: null, rendered: null, onDecide: actions.onToolDecision };
   updateItem(item, message);
   return item;
 }
@@ -82,6 +84,7 @@ export function updateItem(item, m) {
     if (m.role === "assistant") renderMarkdown(parts.body, content);
     else parts.body.textContent = content;
   }
+  if (m.role === "assistant") updateToolCalls(item, m, parts.onDecide || (() => {}));
   let state = "";
   if (m.status === "streaming") {
     state = m.firstTokenAt ? "Generating…" : m.loading ? loadingText(m) : "Waiting for the first token…";

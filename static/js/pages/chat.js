@@ -3,9 +3,11 @@
 // conversations.js (the list), key.js (the inference key), controls.js (model, parameters),
 // models.js (GET /v1/models), thread.js (the messages, drawn by view.js), composer.js;
 // conversation.js (conversations in memory; store.js keeps them in IndexedDB, tree.js walks their
-// branches), runners.js (the answers streaming, one runner.js each, over the /v1 client stream.js).
-// It talks to /v1 with the inference key, never with the admin credential; its only /api calls are
-// key.js's (the playground key made on first use).
+// branches), runners.js (the answers streaming, one runner.js each, over the /v1 client stream.js);
+// tools.js (the "Tools" settings, /tools with the tool key) and toolloop.js (the calls an answer
+// asks for, run, then the next answer; drawn by toolcalls.js).
+// It talks to /v1 with the inference key and to /tools with the tool key, never with the admin
+// credential; its only /api calls are key.js's (the keys made on first use).
 //
 // `/chat?model=<name>` opens a new conversation with that model chosen (the Deployments page's
 // "Chat" link); the address then becomes `/chat` again, so a reload shows the conversation.
@@ -19,6 +21,8 @@ import { createControls } from "../chat/controls.js";
 import { createKeyPanel } from "../chat/key.js";
 import { NO_MODEL, createModelStatus, goneText } from "../chat/models.js";
 import { Runners } from "../chat/runners.js";
+import { createToolLoop } from "../chat/toolloop.js";
+import { createToolPicker } from "../chat/tools.js";
 import { createThread, toBottom } from "../chat/thread.js";
 import { select, visiblePath } from "../chat/tree.js";
 import { editMessage } from "../chat/view.js";
@@ -46,10 +50,16 @@ export async function render(root, page) {
   const models = createModelStatus({ controls, signal: page.signal, ensureKey: () => keys.ensure(),
     onRefused: (key) => keys.refused(key), onChange: () => updateComposer(),
     onListed: () => runners.markLoading((name) => models.needsLoad(name)) });
-  const thread = createThread({ onBranch: switchBranch, onEdit: startEdit, onRegenerate: regenerate });
+  const tools = createToolPicker({ signal: page.signal, onChange: rememberChoices });
+  const thread = createThread({ onBranch: switchBranch, onEdit: startEdit, onRegenerate: regenerate,
+    onToolDecision: (m, index, choice) => toolLoop.decide(m, index, choice) });
   const composer = createComposer({
     onSend: sendMessage,
-    onStop: () => (current ? runners.stop(current.conversation.id) : Promise.resolve()),
+    onStop: () => {
+      if (!current) return Promise.resolve();
+      toolLoop.stop(current.conversation.id);
+      return runners.stop(current.conversation.id);
+    },
   });
   const sidebar = createSidebar({ onNew: newChat, onSelect: openConversation, onRename: rename, onDelete: remove,
     onExport: () => { if (current) exportEntry(current); }, onImport: importFile });
@@ -61,6 +71,7 @@ export async function render(root, page) {
       // An error shows on its message, once; the models' statuses have changed (loaded, failed).
       if (current && current.conversation.id === m.conversationId) updateComposer();
       models.load();
+      toolLoop.after(m).catch((err) => showError(composer.error, `The tool calls stopped: ${humanError(err)}`));
     },
     onUnauthorized: (err, key) => {
       keys.refused(key);
@@ -68,12 +79,27 @@ export async function render(root, page) {
     },
     onSaveError: (err) => showError(composer.error, `The answer could not be saved in this browser: ${humanError(err)}`),
   });
-  const isBusy = (entry) => Boolean(entry) && runners.busy(entry.conversation.id);
+  // An answer's tool calls, run; then the next answer (after the user's Allow where a tool writes).
+  const toolLoop = createToolLoop({
+    entries,
+    picker: tools,
+    onChange: (m) => thread.changed(m, true),
+    onBusy: () => updateComposer(),
+    onContinue: (entry, previous, next) => {
+      const { params, tools: names } = entry.conversation;
+      runners.start(next, requestBody(entry, previous, next.model, params || {}, tools.definitions(names)));
+      if (current === entry) renderThread();
+      toBottom();
+    },
+  });
+  const isBusy = (entry) => Boolean(entry)
+    && (runners.busy(entry.conversation.id) || toolLoop.busy(entry.conversation.id));
   let sending = false; // a message on its way to the composer's checks (ready())
 
   root.append(h("div.chat-layout",
     sidebar.element,
-    h("div.chat-main", controls.element, models.element, thread.element, composer.element, keys.element)));
+    h("div.chat-main", controls.element, tools.element, models.element, thread.element, composer.element,
+      keys.element)));
   // On a narrow screen the list starts folded, so that the composer is in view ("Show list").
   if (matchMedia(NARROW).matches) sidebar.setCollapsed(true);
 
@@ -115,7 +141,9 @@ export async function render(root, page) {
     }
     const { conversation } = entry;
     controls.apply({ model: conversation.model, compareModel: conversation.compareModel, params: conversation.params });
+    tools.apply(conversation.tools);
     show(entry);
+    toolLoop.resume(entry); // a loop the page left (a reload) goes on: see chat/toolloop.js
     if (matchMedia(NARROW).matches) sidebar.setCollapsed(true);
     toBottom();
   }
@@ -130,7 +158,7 @@ export async function render(root, page) {
     updateComposer(); // Send and the model status follow the choice (e.g. away from a model gone)
     if (!current) return;
     const { model, compareModel, params } = controls.read();
-    Object.assign(current.conversation, { model, compareModel, params });
+    Object.assign(current.conversation, { model, compareModel, params, tools: tools.selected() });
     store.putConversation(current.conversation).catch((err) => showError(composer.error, err));
   }
 
@@ -170,8 +198,9 @@ export async function render(root, page) {
       keys.ask();
       return null;
     }
-    const choice = controls.read();
+    const choice = { ...controls.read(), tools: tools.selected() };
     if (!controls.check(choice.errors)) return null;
+    if (choice.tools.length) await tools.ready(); // their definitions go with the request
     const gone = controls.unavailable();
     if (!choice.model || gone.length) {
       showError(composer.error, models.unserved ? null : choice.model ? goneText(gone) : NO_MODEL);
@@ -194,7 +223,8 @@ export async function render(root, page) {
     current = entry;
     localStorage.setItem(CURRENT, entry.conversation.id);
     await refreshList();
-    for (const m of answers) runners.start(m, requestBody(entry, user, m.model, choice.params));
+    const definitions = tools.definitions(choice.tools);
+    for (const m of answers) runners.start(m, requestBody(entry, user, m.model, choice.params, definitions));
     // "loading <model>…" at once where the listing made before sending says so (or a later one).
     runners.markLoading((name) => models.needsLoad(name));
     renderThread();
