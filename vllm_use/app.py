@@ -21,7 +21,7 @@ from typing import Any
 import tornado.web
 from tornado.ioloop import PeriodicCallback
 
-from handlers import api, events, gateway, mcp, signin, static
+from handlers import api, events, gateway, mcp, signin, static, tools
 from handlers.base import NotFoundJson
 from handlers.server import GuardedHTTPServer, connection_limit
 from vllm_use import fsafety
@@ -42,6 +42,7 @@ from vllm_use.recovery import recover
 from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import Supervisor
 from vllm_use.storage import Database
+from vllm_use.tools.toolbox import Toolbox
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 3.0
@@ -86,6 +87,11 @@ def build_context(config: Config) -> AppContext:
     except ConfigError:
         db.close()
         raise
+    try:
+        toolbox = Toolbox.build(config)  # a bad --tools-mcp-config stops the start (docs/tools.md)
+    except ConfigError:
+        db.close()
+        raise
     auth = Authenticator(db, token)
     lifecycle = Lifecycle()
     gpus = gpu_count()
@@ -115,6 +121,7 @@ def build_context(config: Config) -> AppContext:
         live=LiveRequests(),
         instances=instances,
         lifecycle=lifecycle,
+        tools=toolbox,
     )
     app.lifecycle.add_running_check(app.runtime.is_running)
     app.lifecycle.add_running_check(app.instances.is_running)
@@ -131,8 +138,9 @@ def make_app(app: AppContext) -> tornado.web.Application:
     handlers += api.default_handlers(common)
     handlers += signin.default_handlers(common)  # public: the sign-in page's hint
     handlers += mcp.default_handlers(common)
-    # /api, /mcp and /v1 never fall back to the console.
-    handlers += [(r"/(?:api|v1)(?:/.*)?", NotFoundJson, common), (r"/mcp/.+", NotFoundJson, common)]
+    handlers += tools.default_handlers(common)  # answers 404 itself when the tools are off
+    # /api, /mcp, /tools and /v1 never fall back to the console.
+    handlers += [(r"/(?:api|v1)(?:/.*)?", NotFoundJson, common), (r"/(?:mcp|tools)/.+", NotFoundJson, common)]
     handlers += static.default_handlers()
     return tornado.web.Application(handlers, xheaders=False, compress_response=False)
 
@@ -194,6 +202,8 @@ async def run(app: AppContext) -> int:
     except TimeoutError:
         log.warning("some connections did not close within %.0f s", SHUTDOWN_GRACE_S)
     app.upstream_pool.close()  # idle upstream keep-alive connections
+    if app.tools is not None:
+        await app.tools.close()  # the MCP servers' sessions
     status = shutdown(app)
     return status if persisted else 1
 

@@ -197,6 +197,42 @@ def _command(values: _Values, name: str) -> str:
     return _executable(_text()(values, name), values.label(name))
 
 
+def _tools(values: _Values, name: str) -> tuple[str, ...]:
+    """`--tools NAME[,NAME…]`: built-in tools by name (docs/tools.md); the file tools and
+    exec_shell_command need `--tools-root`."""
+    from vllm_use.tools.toolbox import BUILTIN_TOOLS, ROOTED_TOOLS  # the tools' own home
+
+    names = tuple(dict.fromkeys(part.strip() for part in _text()(values, name).split(",") if part.strip()))
+    unknown = [n for n in names if n not in BUILTIN_TOOLS]
+    if unknown:
+        raise ConfigError(
+            values.label(name),
+            f"unknown tool {unknown[0]!r}; the built-in tools are {', '.join(BUILTIN_TOOLS)}",
+        )
+    rooted = [n for n in names if n in ROOTED_TOOLS]
+    if rooted and values["tools_root"] is None:
+        raise ConfigError(values.label("tools_root"), f"is required by the tool {rooted[0]} (--tools)")
+    return names
+
+
+def _tools_root(values: _Values, name: str) -> Path | None:
+    """A real directory (not a symlink), resolved, apart from the data and models dirs: neither
+    one of them, nor inside one, nor containing one (a tool could read keys or models)."""
+    if values.raw(name) in (None, ""):
+        return None
+    given, label = _path(values, name), values.label(name)
+    if given.is_symlink() or not given.is_dir():
+        raise ConfigError(label, f"must be an existing directory, not a symlink: {given}")
+    root = given.resolve()
+    for other in ("data_dir", "models_dir"):
+        theirs = values[other].resolve()
+        if root == theirs or root.is_relative_to(theirs) or theirs.is_relative_to(root):
+            raise ConfigError(
+                label, f"must be apart from {OPTIONS_BY_NAME[other].flag} (not it, in it, nor around it)"
+            )
+    return root
+
+
 @dataclass(frozen=True)
 class Config:
     """The validated configuration. Each `option(...)` field is an option (flag `--<name>`, env
@@ -329,6 +365,22 @@ class Config:
     body_timeout: int = field(
         metadata=option("seconds a client may take to send a request body", 60, _integer(1, 3600))
     )
+    tools: tuple[str, ...] = field(
+        metadata=option(
+            "built-in tools offered at /tools, NAME[,NAME…] (docs/tools.md); none by default", "", _tools
+        )
+    )
+    tools_root: Path | None = field(
+        metadata=option("the directory the file tools and exec_shell_command work in", None, _tools_root)
+    )
+    tools_mcp_config: Path | None = field(
+        metadata=option(
+            "an MCP servers file whose tools /tools offers (docs/tools.md)", None, _optional(_path)
+        )
+    )
+    tools_timeout: int = field(
+        metadata=option("seconds one /tools call may run, at most", 60, _integer(1, 3600))
+    )
     log_level: str = field(metadata=option("debug, info, warning or error", "info", _log_level))
     # Derived, not options:
     upstream_explicit: bool = False  # --upstream was given (else: the runtime's own port)
@@ -341,6 +393,11 @@ class Config:
     def bootstrap_token_path(self) -> Path:
         """Where the generated admin token lives when none is configured."""
         return self.data_dir / "admin-token"
+
+    @property
+    def tools_enabled(self) -> bool:
+        """Whether /tools is served (docs/tools.md): off unless a tool or an MCP file is named."""
+        return bool(self.tools) or self.tools_mcp_config is not None
 
     @property
     def db_path(self) -> Path:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from vllm_use.registry import Registry
     from vllm_use.runtime.supervisor import Supervisor
     from vllm_use.storage import Database
+    from vllm_use.tools.toolbox import Toolbox
 
 
 @dataclass
@@ -42,6 +43,7 @@ class AppContext:
     live: LiveRequests  # open /v1 requests by key id, closed when the key is revoked
     instances: Instances  # the deployments' vLLM children (docs/router.md)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    tools: Toolbox | None = None  # /tools: None when off (docs/tools.md)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)

@@ -1,7 +1,7 @@
 """Scopes, surfaces and identities: who may call what, decided in one place (docs/security.md).
 
 A credential is first checked against the *surface* it arrives on (admin HTTP
-`/api`, MCP `/mcp`, gateway `/v1`): one with no scope for that surface is not a
+`/api`, MCP `/mcp`, gateway `/v1`, tools `/tools`): one with no scope for that surface is not a
 credential there at all (401). Then the method's scope for that surface decides
 (403 on /api, "unknown tool" on /mcp). No scope crosses surfaces, and
 `admin.write` does not imply `admin.read`.
@@ -17,6 +17,7 @@ class Surface(enum.StrEnum):
     API = "api"
     MCP = "mcp"
     GATEWAY = "gateway"
+    TOOLS = "tools"
 
 
 class Scope(enum.StrEnum):
@@ -27,12 +28,14 @@ class Scope(enum.StrEnum):
     MCP_RUNTIME = "mcp.runtime"
     MCP_ADMIN = "mcp.admin"
     INFERENCE = "inference"
+    TOOLS = "tools"  # POST /tools: run the enabled tools (docs/tools.md); implied by no other scope
 
 
 SURFACE_SCOPES: dict[Surface, frozenset[Scope]] = {
     Surface.API: frozenset({Scope.ADMIN_READ, Scope.ADMIN_WRITE}),
     Surface.MCP: frozenset({Scope.MCP_READ, Scope.MCP_MODELS, Scope.MCP_RUNTIME, Scope.MCP_ADMIN}),
     Surface.GATEWAY: frozenset({Scope.INFERENCE}),
+    Surface.TOOLS: frozenset({Scope.TOOLS}),
 }
 
 ALL_SCOPES: frozenset[str] = frozenset(s.value for s in Scope)

@@ -27,7 +27,7 @@ from vllm_use.scopes import ADMIN_WRITE, KEYS_READ, Surface
 log = logging.getLogger(__name__)
 
 ScopeName = Literal[
-    "admin.read", "admin.write", "mcp.read", "mcp.models", "mcp.runtime", "mcp.admin", "inference"
+    "admin.read", "admin.write", "mcp.read", "mcp.models", "mcp.runtime", "mcp.admin", "inference", "tools"
 ]
 KeyName = Annotated[
     str,
@@ -39,7 +39,7 @@ KeyName = Annotated[
 class CreateArgs(Args):
     name: KeyName
     scopes: list[ScopeName] = Field(
-        min_length=1, max_length=7, description="distinct scopes", json_schema_extra={"uniqueItems": True}
+        min_length=1, max_length=8, description="distinct scopes", json_schema_extra={"uniqueItems": True}
     )
 
 
