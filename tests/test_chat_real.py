@@ -1,5 +1,8 @@
 """The chat page against the real CPU vLLM serving a tiny local model (issue 7 acceptance, "once against
-the real CPU vLLM"): the answer streams in and ends equal to what the model generated.
+the real CPU vLLM"): the answer streams in and ends equal to what the model generated. vLLM runs with
+its tool-call parser (hermes) and the console with `--tools get_datetime`, so a message sent with a
+tool selected goes through vLLM's tool path; whatever the tiny model answers, the turn ends cleanly
+(issue 15).
 
 vLLM is served directly (tests/support/real_vllm.py, ~20-60 s to start) and the console's gateway forwards
 `/v1` to it with `--upstream`. At temperature 0 the model is greedy, so the same request sent again
@@ -31,19 +34,24 @@ from tests.test_chat import (
     send,
     strings,
 )
+from tests.test_chat_tools import choose_tools
 
 
 @pytest.fixture(scope="module")
 def vllm(
     tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVllm, tiny_models: tuple[Path, Path]
 ) -> Iterator[VllmServer]:
-    with serve_vllm(real_vllm, tiny_models[0], tmp_path_factory.mktemp("chat-vllm")) as served:
+    tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    with serve_vllm(
+        real_vllm, tiny_models[0], tmp_path_factory.mktemp("chat-vllm"), extra_args=tools
+    ) as served:
         yield served
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, vllm: VllmServer) -> Iterator[Stack]:
-    with console_stack(tmp_path_factory.mktemp("chat-real"), "--upstream", vllm.base_url) as running:
+    flags = ("--upstream", vllm.base_url, "--tools", "get_datetime")
+    with console_stack(tmp_path_factory.mktemp("chat-real"), *flags) as running:
         yield running
 
 
@@ -100,6 +108,31 @@ def test_the_real_models_answer_streams_in_and_equals_what_it_generated(
     else:
         assert shown == " ".join(generated.split()), (shown, generated)
     expect(page.locator(ASSISTANT)).to_have_count(1)
+    watched.assert_clean()
+    page.context.close()
+
+
+def test_a_message_with_a_tool_selected_ends_its_turn_without_an_error(
+    browser: Browser, stack: Stack
+) -> None:
+    watched = new_page(browser, stack.url)
+    watched.expect_http_error(401)  # GET /tools asked first without a tool key (docs/chat.md, Tools)
+    page = open_chat(watched, stack.server.admin_token or "")
+    page.locator("details summary", has_text="Parameters").click()
+    page.get_by_label("Temperature", exact=True).fill("0")
+    page.get_by_label("Max tokens", exact=True).fill("16")
+    choose_tools(page, "get_datetime")
+    sent: list[dict[str, Any]] = []
+    page.on("request", lambda r: sent.append(r.post_data_json) if r.url.endswith(CHAT_PATH) else None)
+
+    finished(send(page, "What time is it? Use the get_datetime tool."))
+    # The turn is over once nothing streams or runs (a tool call, if the model made one, ran and
+    # its answer came): Send is enabled again. Every answer of it ended `done`.
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled(timeout=120_000)
+    statuses = page.locator(ASSISTANT).evaluate_all("els => els.map(e => e.dataset.status)")
+    assert statuses and all(s == "done" for s in statuses), statuses
+    expect(page.locator(".tool-call[data-state='failed']")).to_have_count(0)
+    assert sent and sent[0]["tools"][0]["function"]["name"] == "get_datetime"
     watched.assert_clean()
     page.context.close()
 
