@@ -20,7 +20,9 @@
 //
 // `createToolLoop({entries, picker, onChange(message), onBusy(), onContinue(entry, previous, next)})`:
 // `after(message)` when an answer ends; `resume(entry)` when a conversation is opened (a reload);
-// `decide(message, index, choice)` from the buttons; `stop(conversationId)`; `busy(conversationId)`.
+// `decide(message, index, choice)` from the buttons; `stop(conversationId)`; `busy(conversationId)`;
+// `detachAll()` when the page is left: the calls stay as saved (running, waiting), and the next
+// visit goes on from there.
 
 import * as store from "./store.js";
 import { select } from "./tree.js";
@@ -35,6 +37,7 @@ export function createToolLoop({ entries, picker, onChange, onBusy, onContinue }
   const active = new Map(); // answer id → {conversationId, controller}
   const waiters = new Map(); // "<answer id>/<index>" → resolve(choice)
   const decided = new Map(); // decisions made while no loop waited (a failed call's "Run again")
+  let detached = false; // the page was left
 
   const save = (m) => store.putMessage({ ...m }).catch(() => {});
   const changed = (m) => {
@@ -104,7 +107,7 @@ export function createToolLoop({ entries, picker, onChange, onBusy, onContinue }
   };
 
   const run = async (entry, m) => {
-    if (active.has(m.id)) return;
+    if (active.has(m.id) || detached) return;
     const controller = new AbortController();
     active.set(m.id, { conversationId: m.conversationId, controller });
     onBusy();
@@ -131,6 +134,7 @@ export function createToolLoop({ entries, picker, onChange, onBusy, onContinue }
         if (["waiting", "interrupted", "failed"].includes(call.state)) {
           await changed(m);
           const choice = await decision(m, index);
+          if (choice === "detach") return;
           if (choice === "stop") {
             await end(m, "Stopped: the remaining tool calls were not run.");
             return;
@@ -154,7 +158,7 @@ export function createToolLoop({ entries, picker, onChange, onBusy, onContinue }
       onContinue(entry, m, next);
     } catch (err) {
       if (err.name !== "AbortError") throw err;
-      await end(m, "Stopped: the remaining tool calls were not run.");
+      if (!detached) await end(m, "Stopped: the remaining tool calls were not run.");
     } finally {
       active.delete(m.id);
       for (const key of [...waiters.keys()]) if (key.startsWith(`${m.id}/`)) waiters.delete(key);
@@ -169,6 +173,7 @@ export function createToolLoop({ entries, picker, onChange, onBusy, onContinue }
 
   return {
     async after(m) {
+      if (detached) return;
       const entry = await entries.get(m.conversationId);
       if (entry && pending(entry, m)) await run(entry, m);
     },
@@ -196,6 +201,12 @@ export function createToolLoop({ entries, picker, onChange, onBusy, onContinue }
         job.controller.abort();
         for (const [key, resolve] of waiters) if (key.startsWith(`${id}/`)) resolve("stop");
       }
+    },
+
+    detachAll() {
+      detached = true;
+      for (const job of active.values()) job.controller.abort();
+      for (const resolve of waiters.values()) resolve("detach");
     },
 
     busy(conversationId) {

@@ -308,6 +308,7 @@ export async function render(root, page) {
     thread.dispose();
     // Leaving the page: the server goes on generating; the next visit resumes these answers.
     runners.detachAll();
+    toolLoop.detachAll();
   });
 
   try {
