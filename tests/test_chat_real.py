@@ -34,7 +34,7 @@ from tests.test_chat import (
     send,
     strings,
 )
-from tests.test_chat_tools import choose_tools
+from tests.test_chat_tools import ask, choose_tools
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_a_message_with_a_tool_selected_ends_its_turn_without_an_error(
     sent: list[dict[str, Any]] = []
     page.on("request", lambda r: sent.append(r.post_data_json) if r.url.endswith(CHAT_PATH) else None)
 
-    finished(send(page, "What time is it? Use the get_datetime tool."))
+    finished(ask(page, "What time is it? Use the get_datetime tool."))
     # The turn is over once nothing streams or runs (a tool call, if the model made one, ran and
     # its answer came): Send is enabled again. Every answer of it ended `done`.
     expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled(timeout=120_000)

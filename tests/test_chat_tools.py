@@ -30,8 +30,8 @@ from tests.test_chat import (
     finished,
     forgive_aborted,
     open_chat,
-    send,
 )
+from vllm_use.tools.base import PARAMS_MAX_BYTES
 
 TOOLS = "get_datetime,write_file,read_file"
 CALL = ".tool-call"
@@ -92,6 +92,17 @@ def call_of(page: Page, name: str, n: int = 0) -> Locator:
     return page.locator(f"{ASSISTANT} {CALL}").filter(has=page.locator(".tool-name", has_text=name)).nth(n)
 
 
+def ask(page: Page, text: str) -> Locator:
+    """Send `text`; return the first answer to it. (test_chat's send() expects exactly one more
+    answer, but a tool loop may add the next ones before it looks.)"""
+    before = page.locator(ASSISTANT).count()
+    page.get_by_label("Message", exact=True).fill(text)
+    page.get_by_role("button", name="Send", exact=True).click()
+    first = page.locator(ASSISTANT).nth(before)
+    expect(first).to_be_attached()
+    return first
+
+
 def tool_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in request["messages"] if m["role"] == "tool"]
 
@@ -129,7 +140,7 @@ def test_a_read_tool_runs_and_the_next_request_carries_its_output(
     choose_tools(page, "get_datetime")
     upstream.script = [[ToolCall("get_datetime", "{}")], "It is late."]
     upstream.word_interval = 0.02  # the arguments stream in pieces
-    first = send(page, "What time is it?")
+    first = ask(page, "What time is it?")
     call = call_of(page, "get_datetime")
     expect(call).to_have_attribute("data-state", "done", timeout=20_000)
     expect(call.locator(".tool-output")).to_contain_text("UTC:")
@@ -164,7 +175,7 @@ def test_a_write_call_waits_then_deny_sends_the_refusal_and_allow_writes(
         [ToolCall("write_file", json.dumps({"path": "denied.txt", "content": "nope"}))],
         "Fine.",
     ]
-    send(page, "Write denied.txt")
+    ask(page, "Write denied.txt")
     call = call_of(page, "write_file")
     expect(call).to_have_attribute("data-state", "waiting")
     expect(call.locator(".tool-arguments")).to_contain_text('"path": "denied.txt"')
@@ -181,7 +192,7 @@ def test_a_write_call_waits_then_deny_sends_the_refusal_and_allow_writes(
         [ToolCall("write_file", json.dumps({"path": "notes/allowed.txt", "content": "yes, written"}))],
         "Done.",
     ]
-    send(page, "Now write notes/allowed.txt")
+    ask(page, "Now write notes/allowed.txt")
     call = call_of(page, "write_file", 1)
     expect(call).to_have_attribute("data-state", "waiting")
     call.get_by_role("button", name="Allow", exact=True).click()
@@ -202,7 +213,7 @@ def test_a_reload_while_a_write_call_waits_keeps_it_and_the_loop_goes_on(
     choose_tools(page, "get_datetime", "write_file")
     arguments = json.dumps({"path": "after-reload.txt", "content": "kept across a reload"})
     upstream.script = [[ToolCall("get_datetime", "{}"), ToolCall("write_file", arguments)], "Both done."]
-    send(page, "The time, then write a file")
+    ask(page, "The time, then write a file")
     expect(call_of(page, "get_datetime")).to_have_attribute("data-state", "done")
     expect(call_of(page, "write_file")).to_have_attribute("data-state", "waiting")
     shown = call_of(page, "get_datetime").locator(".tool-output").inner_text()
@@ -230,7 +241,7 @@ def test_export_then_import_keeps_the_tool_calls_and_their_results(
     page = watched.page
     choose_tools(page, "get_datetime")
     upstream.script = [[ToolCall("get_datetime", "{}")], "Exported."]
-    send(page, "Time for an export")
+    ask(page, "Time for an export")
     finished(page.locator(ASSISTANT).nth(1))
     _, exported, path = export_conversation(page, tmp_path)
     (asked,) = [m for m in exported["messages"] if m.get("toolCalls")]
@@ -240,8 +251,13 @@ def test_export_then_import_keeps_the_tool_calls_and_their_results(
     assert exported["conversation"]["tools"] == ["get_datetime"]
 
     conversations = page.get_by_role("region", name="Conversations").locator("li[data-conversation-id]")
+    original = conversations.first.get_attribute("data-conversation-id")
     page.get_by_label("Import conversation").set_input_files(path)
     expect(conversations).to_have_count(2)
+    # The imported copy is the one shown now.
+    shown = conversations.filter(has=page.locator('button[aria-current="true"]'))
+    expect(shown).to_have_count(1)
+    expect(shown).not_to_have_attribute("data-conversation-id", original or "")
     expect(call_of(page, "get_datetime")).to_have_attribute("data-state", "done")
     expect(call_of(page, "get_datetime").locator(".tool-output")).to_have_text(
         asked["toolCalls"][0]["result"]
@@ -252,6 +268,32 @@ def test_export_then_import_keeps_the_tool_calls_and_their_results(
     watched.assert_clean()
 
 
+def test_a_call_refused_by_tools_shows_why_and_stops_the_loop_until_the_user_decides(
+    watched: Watched, upstream: FakeUpstream
+) -> None:
+    page = watched.page
+    choose_tools(page, "get_datetime")
+    # Arguments over /tools' 64 KiB bound for params: refused (400) before the tool runs.
+    upstream.script = [
+        [ToolCall("get_datetime", json.dumps({"padding": "x" * PARAMS_MAX_BYTES}))],
+        "Understood.",
+    ]
+    watched.expect_http_error(400)
+    ask(page, "A call with too much in it")
+    call = call_of(page, "get_datetime")
+    expect(call).to_have_attribute("data-state", "failed")
+    expect(call.locator(".tool-error")).to_contain_text("The loop stopped")
+    expect(call.locator(".tool-error")).to_contain_text(f"{PARAMS_MAX_BYTES} bytes")  # the API's words
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()  # the loop is over
+    expect(page.locator(ASSISTANT)).to_have_count(1)
+    assert len(chat_bodies(upstream)) == 1
+    call.get_by_role("button", name="Deny", exact=True).click()
+    finished(page.locator(ASSISTANT).nth(1))
+    (refusal,) = tool_messages(chat_bodies(upstream)[1])
+    assert refusal["content"] == DENIED
+    watched.assert_clean()
+
+
 @pytest.mark.parametrize("rounds", [MAX_ROUNDS, MAX_ROUNDS + 1])
 def test_ten_rounds_of_tool_calls_run_and_an_eleventh_is_refused(
     watched: Watched, upstream: FakeUpstream, rounds: int
@@ -259,7 +301,7 @@ def test_ten_rounds_of_tool_calls_run_and_an_eleventh_is_refused(
     page = watched.page
     choose_tools(page, "get_datetime")
     upstream.script = [*([[ToolCall("get_datetime", "{}")]] * rounds), "At last."]
-    send(page, "Keep asking the time")
+    ask(page, "Keep asking the time")
     answers = page.locator(ASSISTANT)
     expect(answers).to_have_count(MAX_ROUNDS + 1, timeout=30_000)  # the user's answer, then one per round
     last = answers.last
@@ -290,7 +332,7 @@ def test_a_screenshot_of_a_tool_call_in_both_themes(
         {"path": "plan.md", "content": "# Plan\n\n1. Check the time.\n2. Write it down.\n"}
     )
     upstream.script = [[ToolCall("get_datetime", "{}"), ToolCall("write_file", arguments)]]
-    send(page, "Check the time, then write plan.md")
+    ask(page, "Check the time, then write plan.md")
     expect(call_of(page, "write_file")).to_have_attribute("data-state", "waiting")
     expect(page.locator("#toasts > *")).to_have_count(0, timeout=10_000)
     page.evaluate("() => { document.activeElement?.blur(); window.scrollTo(0, 0); }")
@@ -312,7 +354,7 @@ def test_with_tools_off_the_section_says_how_to_turn_them_on(
         expect(page.locator(".tools-note")).to_contain_text("Tools are off on this server")
         expect(page.locator(".tools-note")).to_contain_text("--tools")
         expect(page.locator("li.tool-option")).to_have_count(0)
-        finished(send(page, "Still answered"))  # nothing else breaks
+        finished(ask(page, "Still answered"))  # nothing else breaks
         assert "tools" not in chat_bodies(upstream)[-1]
         keys = off.server.fetch("/api/keys").json()["keys"]
         assert not [k for k in keys if "tools" in k["scopes"]]  # no tool key was made

@@ -614,8 +614,9 @@ class ChatStream(Stream):
 
     def tool_calls(self, calls: list[ToolCall], fragment: int = 8) -> list[bytes]:
         """The chunks of tool calls, as vLLM streams them: per call a first delta with its index, id,
-        type and name (arguments ""), then its arguments in fragments of `fragment` characters;
-        the last chunk has `finish_reason` "tool_calls". Then the end (usage, [DONE])."""
+        type and name (arguments ""), then its arguments in fragments of `fragment` characters (at
+        most 16 fragments: longer ones for long arguments); the last chunk has `finish_reason`
+        "tool_calls". Then the end (usage, [DONE])."""
         chunks: list[bytes] = []
         deltas: list[dict[str, Any]] = []
         for index, call in enumerate(calls):
@@ -626,8 +627,9 @@ class ChatStream(Stream):
                 "function": {"name": call.name, "arguments": ""},
             }
             deltas.append(head)
-            for at in range(0, len(call.arguments), fragment):
-                deltas.append({"index": index, "function": {"arguments": call.arguments[at : at + fragment]}})
+            step = max(fragment, -(-len(call.arguments) // 16))
+            for at in range(0, len(call.arguments), step):
+                deltas.append({"index": index, "function": {"arguments": call.arguments[at : at + step]}})
         for n, delta in enumerate(deltas):
             self.tokens += 1
             last = n == len(deltas) - 1

@@ -100,7 +100,8 @@ export function createToolLoop({ entries, picker, onChange, onBusy, onContinue }
     } catch (err) {
       if (err.name === "AbortError") throw err;
       call.state = "failed";
-      call.error = `${err.message || err} The loop stopped: run the call again, or deny it.`;
+      const said = String(err.message || err).replace(/[.\s]*$/, "");
+      call.error = `${said}. The loop stopped: run the call again, or deny it.`;
       await changed(m);
       return false;
     }
