@@ -112,6 +112,13 @@ def test_only_a_tools_key_is_a_credential_on_tools(srv: Server, key: str) -> Non
         for method in ("GET", "POST"):
             r = srv.fetch("/tools", method, json=ok if method == "POST" else None, token=token)
             assert r.status_code == 401 and "error" in r.json(), (token, r.text)
+    # mcp.admin manages keys over /mcp, but cannot mint a tools key there
+    minted = srv.mcp(
+        "tools/call",
+        {"name": "api_keys.create", "arguments": {"name": "x", "scopes": ["tools"]}},
+        token=others[1],
+    ).json()["result"]
+    assert minted["isError"] and "managed over /api only" in minted["content"][0]["text"]
     # and a tools key is nothing elsewhere
     assert srv.fetch("/v1/models", token=key).status_code == 401
     assert srv.fetch("/api/keys", token=key).status_code == 401
