@@ -167,8 +167,9 @@ def test_tools_lists_the_servers_tools_with_their_write_permission(
     tmp_path: Path, notes: McpTestServer, token_env: None
 ) -> None:
     entries = listing(load(tmp_path, {"notes": authorized(notes)}))
+    # A tool named past [A-Za-z0-9_.-]{1,64} is left out: 64 `n`s are listed, 65 and a space are not.
     assert set(entries) == {
-        f"notes.{name}" for name in ("echo", "add", "fail", "write_note", "picture", "wait")
+        f"notes.{name}" for name in ("echo", "add", "fail", "write_note", "picture", "wait", "n" * 64)
     }
     writes = {name: entry["permissions"]["write"] for name, entry in entries.items()}
     assert writes["notes.echo"] is writes["notes.add"] is writes["notes.picture"] is False

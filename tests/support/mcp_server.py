@@ -2,7 +2,8 @@
 FastMCP), served over streamable HTTP on loopback by uvicorn in a child process.
 
 Tools: `echo` and `add` (annotated read-only), `fail` (answers `isError`), `write_note` (no
-read-only hint, so a write tool for vllm-use), `picture` (read-only; a text and a PNG content), `wait` (read-only; answers after `seconds`).
+read-only hint, so a write tool for vllm-use), `picture` (read-only; a text and a PNG content), `wait` (read-only; answers after `seconds`), and three tools named `n`×64, `n`×65 and
+`not a name` (an MCP server may use names an OpenAI function cannot have).
 
 When `MCP_TEST_REQUIRED_AUTH` is set, every request to /mcp must carry exactly that
 `Authorization` header, else 401 (what a server behind a bearer token does). `GET /requests`
@@ -41,7 +42,7 @@ def build_app(title: str | None, required_auth: str | None) -> Any:
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp_types import ToolAnnotations
 
-    server = MCPServer("notes", title=title, log_level="WARNING")
+    server = MCPServer("notes", title=title, log_level="ERROR")
     read_only = ToolAnnotations(read_only_hint=True)
     notes: list[str] = []
 
@@ -70,6 +71,10 @@ def build_app(title: str | None, required_auth: str | None) -> Any:
     async def wait(seconds: float) -> str:
         await anyio.sleep(seconds)
         return "waited"
+
+    # Names vllm-use cannot offer as a function name (it lists the first, skips the other two).
+    for name in ("n" * 64, "n" * 65, "not a name"):
+        server.add_tool(lambda: "named", name=name, description="A name at or past vllm-use's rules.")
 
     mcp_app = server.streamable_http_app(streamable_http_path="/mcp")
     counted = {"requests": 0}
