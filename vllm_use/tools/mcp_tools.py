@@ -298,15 +298,15 @@ class McpServers:
             log.warning("MCP server %s unavailable: %s", server.name, why)
             return [self._unavailable(server, why)]
         display = (info.title or info.name) if info is not None else server.name
-        tools = []
+        tools: dict[str, Tool] = {}
         for tool in listed:
             if len(tool.name) > TOOL_NAME_MAX or not set(tool.name) <= NAME_CHARS:
                 log.warning(
                     "MCP server %s: skipped a tool whose name is not [A-Za-z0-9_.-]{1,64}", server.name
                 )
                 continue
-            tools.append(self._tool(server, display, tool))
-        return tools
+            tools.setdefault(tool.name, self._tool(server, display, tool))  # a repeated name: the first
+        return list(tools.values())
 
     def _tool(self, server: McpServer, display: str, tool: types.Tool) -> Tool:
         tool_id = f"{server.name}.{tool.name}"
