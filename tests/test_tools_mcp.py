@@ -214,6 +214,22 @@ def test_a_call_past_its_time_limit_fails(tmp_path: Path, notes: McpTestServer, 
         asyncio.run(wait.call({"seconds": 60}))
 
 
+def test_a_call_cancelled_by_its_caller_ends_and_the_next_one_works(
+    tmp_path: Path, notes: McpTestServer, token_env: None
+) -> None:
+    """What the toolbox does past --tools-timeout or when the client leaves: asyncio cancellation
+    reaches through the SDK's anyio task groups."""
+    wait = by_name(asyncio.run(load(tmp_path, {"notes": authorized(notes)}).tools()))["notes.wait"]
+
+    async def main() -> str:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await wait.call({"seconds": 60})
+        return str(await wait.call({"seconds": 0}))
+
+    assert asyncio.run(main()) == "waited"
+
+
 def test_headers_name_variables_the_server_needs(
     tmp_path: Path, notes: McpTestServer, token_env: None
 ) -> None:
