@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.support import REPO
+from tests.support.mcp_server import start_mcp_server
 from tests.support.server import Server, eventually, free_port, start_app, start_server
 from vllm_use.runtime import procfs
 from vllm_use.tools.base import TRUNCATED
@@ -307,6 +308,44 @@ def test_the_time_limit_kills_the_group_and_answers_an_error(tmp_path: Path) -> 
         app.stop()
 
 
+# --- MCP servers' tools ------------------------------------------------------------------------------
+
+
+def test_mcp_tools_are_listed_and_called_through_tools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = "mcp-e2e-token-0c41d7"
+    monkeypatch.setenv("VLLM_USE_TEST_MCP_TOKEN", token)  # the in-process app expands ${…} from here
+    with start_mcp_server(title="Notes", required_auth=f"Bearer {token}") as notes:
+        config = tmp_path / "mcp.json"
+        headers = {"Authorization": "Bearer ${VLLM_USE_TEST_MCP_TOKEN}"}
+        down = {"url": f"http://127.0.0.1:{free_port()}/mcp"}
+        config.write_text(
+            json.dumps({"mcpServers": {"notes": {"url": notes.url, "headers": headers}, "gone": down}})
+        )
+        config.chmod(0o600)
+        app = start_app(tmp_path / "data", "--tools-mcp-config", str(config))
+        try:
+            secret = app.create_key("tools")[1]
+            listed = {t["tool"]: t for t in app.fetch("/tools", token=secret, timeout=60).json()}
+            assert listed["notes.echo"]["type"] == "mcp" and listed["notes.echo"]["permissions"] == {
+                "write": False
+            }
+            assert listed["notes.write_note"]["permissions"] == {"write": True}
+            assert listed["notes.echo"]["definition"]["function"]["name"] == "notes.echo"
+            assert listed["gone.*"]["available"] is False and listed["gone.*"]["error"]
+            assert token not in json.dumps(listed)
+            r = call(app, secret, {"tool": "notes.add", "params": {"a": 2, "b": 3}}, timeout=60)
+            assert r.json() == {"plain_text_response": "5"}
+            r = call(app, secret, {"tool": "notes.fail", "params": {"reason": "no"}}, timeout=60)
+            assert r.status_code == 200 and "failed on purpose: no" in r.json()["error"]
+            assert call(app, secret, {"tool": "gone.*", "params": {}}).status_code == 404
+            r = call(app, secret, {"tool": "notes.echo", "params": {"text": "x"}, "stream": True})
+            assert r.status_code == 404  # MCP tools do not stream
+        finally:
+            app.stop()
+
+
 # --- the audit -------------------------------------------------------------------------------------
 
 
@@ -363,6 +402,7 @@ def refused(tmp_path: Path, *flags: str) -> str:
 def test_bad_tools_flags_stop_the_start_naming_the_option(tmp_path: Path) -> None:
     assert "--tools: unknown tool 'rm_rf'" in refused(tmp_path, "--tools", "get_datetime,rm_rf")
     assert "--tools-root" in refused(tmp_path, "--tools", SHELL)
+    assert "--tools-mcp-config" in refused(tmp_path, "--tools-mcp-config", str(tmp_path / "missing.json"))
 
 
 @pytest.mark.parametrize("where", ["symlink", "data", "inside-data", "around-data", "file", "missing"])

@@ -108,7 +108,7 @@ class Toolbox:
         if config.tools_mcp_config is not None:
             from vllm_use.tools.mcp_tools import McpServers
 
-            mcp = McpServers.load(config.tools_mcp_config)
+            mcp = McpServers.load(config.tools_mcp_config, call_timeout_s=float(config.tools_timeout))
         order = {name: i for i, name in enumerate(BUILTIN_TOOLS)}
         builtins.sort(key=lambda tool: order.get(tool.name, len(order)))
         return cls(builtins, mcp, float(config.tools_timeout))
