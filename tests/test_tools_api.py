@@ -287,6 +287,19 @@ def test_a_client_that_leaves_mid_stream_kills_the_process_group(srv: Server, ro
     eventually(lambda: audit_rows(srv, kid) == [("POST", f"/tools/{SHELL}", 499, 1)], timeout=10)
 
 
+def test_a_client_that_leaves_a_plain_call_kills_the_process_group(srv: Server, root: Path) -> None:
+    kid, key = srv.create_key("tools", name="leaves plainly")
+    payload = json.dumps({"tool": SHELL, "params": {"command": "echo $$ > plain.pgid; sleep 1000"}}).encode()
+    host, port = srv.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        head = f"POST /tools HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+        sock.sendall(head.encode() + b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+        pgid = int(eventually(lambda: (root / "plain.pgid").exists() and (root / "plain.pgid").read_text()))
+        assert not gone(pgid)
+    eventually(lambda: gone(pgid), timeout=10)
+    eventually(lambda: audit_rows(srv, kid) == [("POST", f"/tools/{SHELL}", 499, 0)], timeout=10)
+
+
 def test_the_time_limit_kills_the_group_and_answers_an_error(tmp_path: Path) -> None:
     tools_root = tmp_path / "root"
     tools_root.mkdir()
