@@ -321,6 +321,28 @@ def test_the_time_limit_kills_the_group_and_answers_an_error(tmp_path: Path) -> 
         app.stop()
 
 
+# --- the console --------------------------------------------------------------------------------------
+
+
+def test_the_keys_page_makes_a_tools_key_that_works_on_tools(srv: Server, browser: Any) -> None:
+    from playwright.sync_api import expect
+
+    from tests.support.browser import signed_in_on
+
+    with signed_in_on(browser, srv.base_url, srv.admin_token or "", "/keys", "API keys") as watched:
+        page = watched.page
+        box = page.get_by_role("checkbox", name="tools", exact=True)
+        expect(box).to_have_accessible_description(re.compile("with exec_shell_command it runs any command"))
+        page.get_by_label("Name", exact=True).fill("chat tools")
+        box.check()
+        page.get_by_role("button", name="Create key").click()
+        dialog = page.get_by_role("dialog", name="Your new key")
+        secret = dialog.get_by_label("Secret").input_value()
+        dialog.get_by_role("button", name="Done").click()
+        expect(page.locator("tr", has_text="chat tools")).to_contain_text("tools")
+    assert [t["tool"] for t in srv.fetch("/tools", token=secret).json()] == ["get_datetime", SHELL]
+
+
 # --- MCP servers' tools ------------------------------------------------------------------------------
 
 
