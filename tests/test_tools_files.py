@@ -374,6 +374,17 @@ def test_write_file_creates_parents_and_leaves_no_temp_file(root: Path) -> None:
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []
 
 
+def test_writes_through_a_hard_link_leave_the_outside_file_alone(root: Path) -> None:
+    outside = root.parent / "outside" / "secret.txt"
+    os.link(outside, root / "hard.txt")
+    tools = tools_in(root)
+    assert run(tools["read_file"], path="hard.txt") == SECRET  # a hard link is a regular file
+    run(tools["edit_file"], path="hard.txt", old_string="SECRET", new_string="edited")
+    run(tools["write_file"], path="hard.txt", content="written")
+    assert (root / "hard.txt").read_text() == "written"
+    assert outside.read_text() == SECRET
+
+
 def test_write_file_refuses_to_replace_a_directory(root: Path) -> None:
     message = refused(tools_in(root)["write_file"], root, path="src/pkg", content="x")
     assert "'src/pkg' exists and is not a regular file" in message
