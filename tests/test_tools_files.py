@@ -98,6 +98,27 @@ def test_every_tool_refuses_paths_that_leave_the_root_or_follow_links(
     assert stat.S_ISFIFO(os.lstat(root / "fifo").st_mode)
 
 
+def test_refusals_and_answers_leave_no_descriptor_open(root: Path) -> None:
+    tools = tools_in(root)
+    calls = [(name, path) for name in sorted(FILE_TOOLS - {"grep_search"}) for path in ATTACKS.values()]
+    calls += [
+        ("grep_search", "link_out_dir/secret.txt"),
+        ("grep_search", "src"),
+        ("read_file", "src/main.py"),
+    ]
+
+    async def all_calls() -> int:
+        before = len(os.listdir("/proc/self/fd"))
+        for name, path in calls:
+            try:
+                await tools[name].call(TOOL_PARAMS[name](path.format(outside=root.parent / "outside")))
+            except ToolError:
+                pass  # refusals are the point; the count of descriptors is what is checked
+        return len(os.listdir("/proc/self/fd")) - before
+
+    assert asyncio.run(all_calls()) == 0
+
+
 @pytest.mark.parametrize("pattern", ["../outside/*", "src/../../outside/*", "/etc/*", "**/../*"])
 def test_glob_refuses_a_pattern_that_leaves_the_root(root: Path, pattern: str) -> None:
     message = refused(tools_in(root)["file_glob_search"], root, pattern=pattern)
