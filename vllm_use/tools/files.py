@@ -53,72 +53,82 @@ class _Param:
         return schema
 
 
+@dataclass(frozen=True)
+class _Spec:
+    """One tool as the model sees it: its name in the console, what it does, its parameters."""
+
+    display_name: str
+    description: str
+    params: dict[str, _Param]
+
+
 _PATH = "Path relative to the tools root, '/'-separated; no '..', no absolute path, no symbolic links."
-_DIR = _Param(str, "Directory to start from, relative to the tools root (default '.').", default=".")
-_DESCRIPTIONS = {
-    "list_files": (
+_SPECS = {
+    "list_files": _Spec(
+        "List files",
         "List a directory of the tools root: one entry per line, directories ending with '/', files "
-        f"with their size; sorted; at most {LIST_MAX_ENTRIES} entries. Symbolic links are not listed."
+        f"with their size; sorted; at most {LIST_MAX_ENTRIES} entries. Symbolic links are not listed.",
+        {
+            "path": _Param(str, "Directory to list, relative to the tools root (default '.').", default="."),
+            "recursive": _Param(bool, "Also list everything below, depth first.", default=False),
+        },
     ),
-    "file_glob_search": (
+    "file_glob_search": _Spec(
+        "Find files",
         "Find files and directories whose path matches a glob pattern ('*' and '?' within one name, "
-        f"'**' for any number of directories, e.g. '**/*.py'); at most {GLOB_MAX_MATCHES} paths."
+        f"'**' for any number of directories, e.g. '**/*.py'); at most {GLOB_MAX_MATCHES} paths.",
+        {
+            "pattern": _Param(str, "Glob pattern relative to `path`, e.g. 'src/**/*.py'.", required=True),
+            "path": _Param(
+                str, "Directory to search from, relative to the tools root (default '.').", default="."
+            ),
+        },
     ),
-    "read_file": ("Read a UTF-8 text file of at most 1 MiB, whole or a range of lines (1-based, inclusive)."),
-    "grep_search": (
-        f"Search text files for a fixed string (or a Python regular expression with regex=true); "
+    "read_file": _Spec(
+        "Read file",
+        "Read a UTF-8 text file of at most 1 MiB, whole or a range of lines (1-based, inclusive).",
+        {
+            "path": _Param(str, "File to read. " + _PATH, required=True),
+            "start_line": _Param(int, "First line to return (1-based); default the first."),
+            "end_line": _Param(int, "Last line to return (inclusive); default the last."),
+        },
+    ),
+    "grep_search": _Spec(
+        "Search in files",
+        "Search text files for a fixed string (or a Python regular expression with regex=true); "
         f"answers 'path:line: text' lines, at most {GREP_MAX_MATCHES}, each cut at {LINE_MAX_CHARS} "
-        "characters. Files over 1 MiB and binary files are skipped."
+        "characters. Files over 1 MiB and binary files are skipped.",
+        {
+            "pattern": _Param(
+                str, "Text to look for (a regular expression when regex is true).", required=True
+            ),
+            "path": _Param(
+                str, "File or directory to search, relative to the tools root (default '.').", default="."
+            ),
+            "regex": _Param(bool, "Treat pattern as a Python regular expression.", default=False),
+            "case_sensitive": _Param(bool, "Match letter case exactly.", default=True),
+        },
     ),
-    "write_file": (
+    "write_file": _Spec(
+        "Write file",
         "Create or replace a text file with the given content, atomically (mode 0644); missing "
-        "parent directories are created."
+        "parent directories are created.",
+        {
+            "path": _Param(str, "File to write. " + _PATH, required=True),
+            "content": _Param(str, "The whole new content of the file.", required=True),
+        },
     ),
-    "edit_file": (
+    "edit_file": _Spec(
+        "Edit file",
         "Replace old_string with new_string in a text file. old_string must occur exactly once, "
-        "unless replace_all is true. The file is rewritten atomically."
+        "unless replace_all is true. The file is rewritten atomically.",
+        {
+            "path": _Param(str, "File to edit. " + _PATH, required=True),
+            "old_string": _Param(str, "Exact text to replace (not empty).", required=True),
+            "new_string": _Param(str, "Text to put in its place.", required=True),
+            "replace_all": _Param(bool, "Replace every occurrence instead of exactly one.", default=False),
+        },
     ),
-}
-_PARAMS: dict[str, dict[str, _Param]] = {
-    "list_files": {
-        "path": _Param(str, "Directory to list, relative to the tools root (default '.').", default="."),
-        "recursive": _Param(bool, "Also list everything below, depth first.", default=False),
-    },
-    "file_glob_search": {
-        "pattern": _Param(str, "Glob pattern relative to `path`, e.g. 'src/**/*.py'.", required=True),
-        "path": _DIR,
-    },
-    "read_file": {
-        "path": _Param(str, "File to read. " + _PATH, required=True),
-        "start_line": _Param(int, "First line to return (1-based); default the first."),
-        "end_line": _Param(int, "Last line to return (inclusive); default the last."),
-    },
-    "grep_search": {
-        "pattern": _Param(str, "Text to look for (a regular expression when regex is true).", required=True),
-        "path": _Param(
-            str, "File or directory to search, relative to the tools root (default '.').", default="."
-        ),
-        "regex": _Param(bool, "Treat pattern as a Python regular expression.", default=False),
-        "case_sensitive": _Param(bool, "Match letter case exactly.", default=True),
-    },
-    "write_file": {
-        "path": _Param(str, "File to write. " + _PATH, required=True),
-        "content": _Param(str, "The whole new content of the file.", required=True),
-    },
-    "edit_file": {
-        "path": _Param(str, "File to edit. " + _PATH, required=True),
-        "old_string": _Param(str, "Exact text to replace (not empty).", required=True),
-        "new_string": _Param(str, "Text to put in its place.", required=True),
-        "replace_all": _Param(bool, "Replace every occurrence instead of exactly one.", default=False),
-    },
-}
-_DISPLAY = {
-    "list_files": "List files",
-    "file_glob_search": "Find files",
-    "read_file": "Read file",
-    "grep_search": "Search in files",
-    "write_file": "Write file",
-    "edit_file": "Edit file",
 }
 
 
@@ -128,22 +138,21 @@ def file_tools(root: Path, names: set[str], *, timeout_s: float = DEFAULT_TIMEOU
     at it)."""
     tools = []
     for name in sorted(FILE_TOOLS & names):
-        params = _PARAMS[name]
+        spec = _SPECS[name]
         definition = function(
             name,
-            _DESCRIPTIONS[name],
-            {key: param.schema() for key, param in params.items()},
-            [key for key, param in params.items() if param.required],
+            spec.description,
+            {key: param.schema() for key, param in spec.params.items()},
+            [key for key, param in spec.params.items() if param.required],
         )
-        call = partial(_call, name, root, timeout_s)
         tools.append(
             Tool(
                 name=name,
-                display_name=_DISPLAY[name],
+                display_name=spec.display_name,
                 type="builtin",
                 write=name in WRITE_TOOLS,
                 definition=definition,
-                call=call,
+                call=partial(_call, name, root, timeout_s),
                 timeout_s=timeout_s,
             )
         )
@@ -154,7 +163,7 @@ def _arguments(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """`params` checked against the tool's declared parameters, defaults filled in (null = absent)."""
     if not isinstance(params, dict):
         raise ToolError("params must be a JSON object")
-    declared = _PARAMS[name]
+    declared = _SPECS[name].params
     unknown = sorted(set(params) - set(declared))
     if unknown:
         raise ToolError(f"unknown parameter(s) for {name}: {', '.join(unknown)}")
