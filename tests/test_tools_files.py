@@ -255,6 +255,7 @@ def test_a_file_name_that_is_not_utf8_is_listed_and_searched(tmp_path: Path) -> 
     assert run(tools["list_files"]) == f"b.txt (7 bytes)\n{name} (7 bytes)"
     assert run(tools["grep_search"], pattern="needle") == f"b.txt:1: needle\n{name}:1: needle"
     assert run(tools["read_file"], path=name) == "needle\n"
+    assert "is not valid Unicode" in refused(tools["read_file"], tmp_path, path="\ud800.txt")
 
 
 def test_glob_star_stays_in_one_name_and_double_star_crosses_directories(root: Path) -> None:

@@ -70,6 +70,10 @@ def split(path: str, *, what: str = "path") -> list[str]:
         raise ToolError(f"{what} must be a string")
     if "\0" in path:
         raise ToolError(f"{what} {path!r} contains a NUL character")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:  # a lone surrogate no file name can hold
+        raise ToolError(f"{what} {path!r} is not valid Unicode") from None
     if path.startswith("/"):
         raise ToolError(f"{what} {path!r} is absolute; give a path relative to the tools root")
     parts = [part for part in path.split("/") if part not in ("", ".")]
