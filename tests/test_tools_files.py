@@ -358,9 +358,10 @@ def _children() -> set[int]:
     return found
 
 
-def test_a_cancelled_search_kills_its_child(tmp_path: Path) -> None:
+def test_a_running_search_blocks_nothing_and_cancelling_it_kills_its_child(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("a" * 64 + "b\n")
-    grep = tools_in(tmp_path, timeout_s=600.0)["grep_search"]
+    tools = tools_in(tmp_path, timeout_s=600.0)
+    grep = tools["grep_search"]
     before = _children()
 
     async def cancel_mid_search() -> set[int]:
@@ -370,6 +371,8 @@ def test_a_cancelled_search_kills_its_child(tmp_path: Path) -> None:
         while not (_children() - before) and loop.time() < deadline:
             await asyncio.sleep(0.01)  # polling for the child, bounded by the deadline
         started = _children() - before
+        assert await asyncio.wait_for(tools["read_file"].call({"path": "a.txt"}), CALL_DEADLINE_S)
+        assert not task.done(), "the search was still running while read_file answered"
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
