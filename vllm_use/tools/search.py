@@ -88,6 +88,8 @@ async def search(root: Path, args: dict[str, Any], timeout_s: float) -> Found:
         proc.stdin.close()
         async with asyncio.timeout(timeout_s):
             return await _collect(proc.stdout)
+    except (BrokenPipeError, ConnectionResetError):  # the child died before reading its request
+        raise ToolError("the search ended unexpectedly") from None
     except TimeoutError:
         raise ToolError(
             f"the search took longer than the time limit ({timeout_s:g} s) and was stopped; "
