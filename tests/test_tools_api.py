@@ -26,6 +26,7 @@ from vllm_use.runtime import procfs
 from vllm_use.tools.base import TRUNCATED
 
 SHELL = "exec_shell_command"
+ENABLED = ["get_datetime", "read_file", "write_file", SHELL]  # srv's, in GET /tools order
 MARKER = "secret-marker-7f3a91"  # sent in params and printed: must never reach the audit
 
 
@@ -39,7 +40,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory, root: Path) -> Iterator[Server
     server = start_server(
         tmp_path_factory.mktemp("tools") / "data",
         "--tools",
-        f"get_datetime,{SHELL}",
+        f"{SHELL},write_file,get_datetime,read_file",
         "--tools-root",
         str(root),
     )
@@ -128,7 +129,7 @@ def test_only_a_tools_key_is_a_credential_on_tools(srv: Server, key: str) -> Non
 
 def test_listing_names_exactly_the_enabled_tools(srv: Server, key: str) -> None:
     listed = srv.fetch("/tools", token=key).json()
-    assert [t["tool"] for t in listed] == ["get_datetime", SHELL]
+    assert [t["tool"] for t in listed] == ENABLED
     by_name = {t["tool"]: t for t in listed}
     for name, entry in by_name.items():
         assert set(entry) == {
@@ -147,6 +148,8 @@ def test_listing_names_exactly_the_enabled_tools(srv: Server, key: str) -> None:
         and by_name["get_datetime"]["stream"] is False
     )
     assert by_name[SHELL]["permissions"] == {"write": True} and by_name[SHELL]["stream"] is True
+    assert by_name["write_file"]["permissions"] == {"write": True}
+    assert by_name["read_file"]["permissions"] == {"write": False}
 
 
 def test_get_datetime_answers_local_and_utc_time(srv: Server, key: str) -> None:
@@ -157,7 +160,7 @@ def test_get_datetime_answers_local_and_utc_time(srv: Server, key: str) -> None:
 
 
 def test_unknown_tool_and_stream_of_a_tool_that_cannot_are_404(srv: Server, key: str) -> None:
-    assert call(srv, key, {"tool": "read_file", "params": {}}).status_code == 404  # not enabled
+    assert call(srv, key, {"tool": "edit_file", "params": {}}).status_code == 404  # not enabled
     r = call(srv, key, {"tool": "get_datetime", "params": {}, "stream": True})
     assert r.status_code == 404 and "cannot stream" in r.json()["error"]
 
@@ -245,6 +248,28 @@ def test_a_key_runs_4_calls_at_once_and_the_5th_is_429(srv: Server, key: str, ro
     finally:
         for path in root.glob("gate-*"):
             path.unlink()
+
+
+# --- file tools ------------------------------------------------------------------------------------
+
+
+def test_file_tools_write_and_read_inside_the_root_only(
+    srv: Server, key: str, root: Path, tmp_path: Path
+) -> None:
+    r = call(srv, key, {"tool": "write_file", "params": {"path": "notes/a.txt", "content": "héllo\n"}})
+    assert r.status_code == 200 and "wrote" in r.json()["plain_text_response"]
+    assert (root / "notes" / "a.txt").read_text() == "héllo\n"
+    r = call(srv, key, {"tool": "read_file", "params": {"path": "notes/a.txt"}})
+    assert r.json() == {"plain_text_response": "héllo\n"}
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not yours")
+    (root / "out-link").symlink_to(outside)
+    for path in ("../outside.txt", str(outside), "out-link"):
+        r = call(srv, key, {"tool": "read_file", "params": {"path": path}})
+        assert r.status_code == 200 and "error" in r.json() and "not yours" not in r.text, (path, r.text)
+        assert str(root) not in r.json()["error"]
+    r = call(srv, key, {"tool": "write_file", "params": {"path": "../escaped.txt", "content": "x"}})
+    assert "error" in r.json() and not (root.parent / "escaped.txt").exists()
 
 
 # --- exec_shell_command ----------------------------------------------------------------------------
@@ -340,7 +365,7 @@ def test_the_keys_page_makes_a_tools_key_that_works_on_tools(srv: Server, browse
         secret = dialog.get_by_label("Secret").input_value()
         dialog.get_by_role("button", name="Done").click()
         expect(page.locator("tr", has_text="chat tools")).to_contain_text("tools")
-    assert [t["tool"] for t in srv.fetch("/tools", token=secret).json()] == ["get_datetime", SHELL]
+    assert [t["tool"] for t in srv.fetch("/tools", token=secret).json()] == ENABLED
 
 
 # --- MCP servers' tools ------------------------------------------------------------------------------
