@@ -117,7 +117,7 @@ class ToolsHandler(JsonHandler):
             name, params, stream = parse_call(self.body)
             tool = await self.toolbox.find(name)
             if tool is None:
-                raise NotFound(f"no tool {name!r} is enabled here (GET /tools lists them)")
+                raise NotFound(f"no tool {name[:100]!r} is enabled here (GET /tools lists them)")
             self.tool, self.streamed = tool, stream
             check_params(params)
             if not tool.available:
