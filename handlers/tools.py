@@ -15,6 +15,7 @@ cancelled: exec_shell_command's process group is killed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -116,7 +117,7 @@ class ToolsHandler(JsonHandler):
             name, params, stream = parse_call(self.body)
             tool = await self.toolbox.find(name)
             if tool is None:
-                raise NotFound(f"no tool {name!r} is enabled here (GET /tools lists them)")
+                raise NotFound(f"no tool {name[:100]!r} is enabled here (GET /tools lists them)")
             self.tool, self.streamed = tool, stream
             check_params(params)
             if not tool.available:
@@ -167,8 +168,12 @@ class ToolsHandler(JsonHandler):
         self.set_header("X-Accel-Buffering", "no")
         end: dict[str, Any] = {"done": True}
         try:
-            async with asyncio.timeout(limit):
-                async for chunk in self.toolbox.stream(tool, params):
+            # aclosing: the tool stops (its group killed) here, even when the flush was what failed
+            async with (
+                asyncio.timeout(limit),
+                contextlib.aclosing(self.toolbox.stream(tool, params)) as chunks,
+            ):
+                async for chunk in chunks:
                     await self._event({"chunk": chunk})
             self.outcome = OK
         except ToolError as exc:

@@ -13,12 +13,14 @@ from vllm_use import app as app_mod
 from vllm_use import config as config_mod
 
 PUBLIC = {"/healthz", "/(.*)", "/api/signin-hint"}  # liveness, the console's static files, its sign-in hint
-NOT_FOUND = {r"/(?:api|v1)(?:/.*)?", r"/mcp/.+"}  # JSON 404s: nothing to protect, nothing runs
+NOT_FOUND = {r"/(?:api|v1)(?:/.*)?", r"/(?:mcp|tools)/.+"}  # JSON 404s: nothing to protect, nothing runs
 
 
 @pytest.fixture
 def app(tmp_path: Path):
-    args = config_mod.build_parser().parse_args(["serve", "--data-dir", str(tmp_path / "data")])
+    # With a tool enabled, so /tools is served (off, it is a 404 for everyone: docs/tools.md).
+    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--tools", "get_datetime"]
+    args = config_mod.build_parser().parse_args(argv)
     config = config_mod.load(args, environ={"VLLM_USE_ADMIN_TOKEN": "route-test-admin-token-0123"})
     context = app_mod.build_context(config)
     yield app_mod.make_app(context)
@@ -45,13 +47,14 @@ async def test_every_route_refuses_requests_without_credentials(app, http_client
             assert r.code in (401, 405), (verb, path, r.code)
             if r.code == 401:
                 checked += 1
-    # every /api route (docs/api_methods.md) was reached, plus /api/methods, /api/openapi.json and /mcp
-    assert checked >= len(ROUTES) + 3
+    # every /api route (docs/api_methods.md) was reached, plus /api/methods, /api/openapi.json, /mcp
+    # and /tools
+    assert checked >= len(ROUTES) + 4
 
 
 @pytest.mark.gen_test
 async def test_unknown_surface_paths_never_fall_back_to_the_console(app, http_client, base_url) -> None:
-    for path in ("/api/x", "/v1/no-such-endpoint", "/mcp/x", "/api"):
+    for path in ("/api/x", "/v1/no-such-endpoint", "/mcp/x", "/api", "/tools/x"):
         r = await http_client.fetch(base_url + path, raise_error=False)
         assert r.code == 404
         assert r.headers["Content-Type"].startswith("application/json")

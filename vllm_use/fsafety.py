@@ -222,3 +222,44 @@ def read_secret_file(path: Path, *, option: str, min_len: int = 16, max_len: int
         text = text[:-1]
     _check_secret_text(text, path, option=option, min_len=min_len, max_len=max_len)
     return text
+
+
+def read_operator_file(path: Path, *, option: str, max_bytes: int) -> bytes:
+    """Read a configuration file the operator wrote (and may keep secrets in), refusing what
+    someone else could have changed: a symlink, a non-regular file, a file over `max_bytes`, a file
+    owned by another user than ours or root, or one writable by group or others (refused, never
+    tightened: the file is the operator's, and a file others could write is already suspect).
+    """
+    path = _absolute(path)
+    st = _lstat(path, option=option)
+    if st is None:
+        raise ConfigError(option, f"file {path} does not exist")
+    _refuse_unless(st, path, option=option, want_dir=False)
+    fd = _open_checked(path, _OPEN_FILE_FLAGS, st, option=option, kind="file")
+    try:
+        if st.st_uid not in (os.geteuid(), 0):
+            raise ConfigError(
+                option, f"{path} belongs to another user (uid {st.st_uid}); refusing to trust it"
+            )
+        if stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ConfigError(
+                option,
+                f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); chmod go-w it",
+            )
+        if st.st_size > max_bytes:
+            raise ConfigError(option, f"{path} is larger than {max_bytes} bytes")
+        # Read one byte past the limit so a file that grew after fstat is still caught.
+        data = b""
+        while len(data) <= max_bytes:
+            try:
+                chunk = os.read(fd, max_bytes + 1 - len(data))
+            except OSError as exc:
+                raise ConfigError(option, f"cannot read {path}: {exc.strerror}") from exc
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise ConfigError(option, f"{path} is larger than {max_bytes} bytes")
+    return data

@@ -132,15 +132,16 @@ def _cut_off(call: Call, key_id: str, *, deleted: bool) -> None:
         )
 
 
-ADMIN_SCOPES = frozenset({"admin.read", "admin.write"})
-_OVER_API_ONLY = "keys with admin.* scopes are managed over /api only (docs/security.md)"
+# `tools` too: with exec_shell_command enabled it runs commands, which mcp.admin must not mint.
+API_ONLY_SCOPES = frozenset({"admin.read", "admin.write", "tools"})
+_OVER_API_ONLY = "keys with admin.* or tools scopes are managed over /api only (docs/security.md)"
 
 
 def _refuse_admin_scopes_over_mcp(call: Call, scopes: list[str] | tuple[str, ...], loc: str) -> None:
     """No scope crosses surfaces, and minting is no exception: an MCP caller (even `mcp.admin`)
-    may not create an admin.* key, nor enable, disable or delete one. Otherwise `mcp.admin`
-    would amount to the whole of /api."""
-    if call.surface is Surface.MCP and ADMIN_SCOPES.intersection(scopes):
+    may not create an admin.* or tools key, nor enable, disable or delete one. Otherwise `mcp.admin`
+    would amount to the whole of /api, or to the tools (a shell, docs/tools.md)."""
+    if call.surface is Surface.MCP and API_ONLY_SCOPES.intersection(scopes):
         raise InvalidArguments(f"invalid arguments: {loc}: {_OVER_API_ONLY}", errors=[{"loc": [loc]}])
 
 

@@ -158,10 +158,10 @@ async def recent(call: Call, args: RecentArgs) -> dict[str, Any]:
 def register(registry: Registry) -> None:
     registry.method(
         "requests.recent",
-        "Recent gateway (/v1) requests with a recognised key, newest first: status, latency, model, "
-        "key id and name; never prompts or outputs. Optional filters: `key_id`, `model` (a part of it), "
+        "Recent gateway (/v1) requests and tool calls (/tools, path /tools/<tool>) with a recognised "
+        "key, newest first: status, latency, model, key id and name; never prompts, arguments or outputs. Optional filters: `key_id`, `model` (a part of it), "
         "`status` (404 or 4xx), `since`/`until` (ISO 8601 with a time zone). Rows that fail validation "
-        "are listed in `corrupt`; refused credentials (on /api, /mcp and /v1) are counted in `auth_failures`.",
+        "are listed in `corrupt`; refused credentials (on /api, /mcp, /v1 and /tools) are counted in `auth_failures`.",
         RecentArgs,
         RecentList,
         READ,

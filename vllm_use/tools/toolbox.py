@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 from vllm_use.errors import TooManyRequests
 from vllm_use.logbuffer import cut_utf8
 from vllm_use.tools.base import CALLS_PER_KEY, OUTPUT_MAX_BYTES, TRUNCATED, Result, Tool, ToolError, function
+from vllm_use.tools.files import FILE_TOOLS, file_tools
 
 if TYPE_CHECKING:
     from vllm_use.config import Config
 
 log = logging.getLogger(__name__)
 
-FILE_TOOLS = ("list_files", "file_glob_search", "read_file", "grep_search", "write_file", "edit_file")
 SHELL = "exec_shell_command"
 DATETIME = "get_datetime"
-BUILTIN_TOOLS = (DATETIME, *FILE_TOOLS, SHELL)  # the names --tools accepts
+BUILTIN_TOOLS = (DATETIME, *sorted(FILE_TOOLS), SHELL)  # the names --tools accepts, in GET /tools order
 ROOTED_TOOLS = frozenset({*FILE_TOOLS, SHELL})  # they need --tools-root
 
 
@@ -94,11 +94,9 @@ class Toolbox:
         if DATETIME in names:
             builtins.append(datetime_tool())
         root: Path | None = config.tools_root
-        if names & set(FILE_TOOLS):
+        if names & FILE_TOOLS:
             assert root is not None  # config made sure (--tools-root)
-            from vllm_use.tools.files import file_tools
-
-            builtins += file_tools(root, names & set(FILE_TOOLS))
+            builtins += file_tools(root, names & FILE_TOOLS, timeout_s=float(config.tools_timeout))
         if SHELL in names:
             assert root is not None
             from vllm_use.tools.shell import shell_tool
@@ -108,7 +106,7 @@ class Toolbox:
         if config.tools_mcp_config is not None:
             from vllm_use.tools.mcp_tools import McpServers
 
-            mcp = McpServers.load(config.tools_mcp_config)
+            mcp = McpServers.load(config.tools_mcp_config, call_timeout_s=float(config.tools_timeout))
         order = {name: i for i, name in enumerate(BUILTIN_TOOLS)}
         builtins.sort(key=lambda tool: order.get(tool.name, len(order)))
         return cls(builtins, mcp, float(config.tools_timeout))

@@ -1,4 +1,4 @@
-// API keys: the keys that clients (/v1), agents (/mcp) and scripts (/api) use, and a form to
+// API keys: the keys that clients (/v1), agents (/mcp), scripts (/api) and tools (/tools) use, and a form to
 // create one. A new key's secret is shown once, in a dialog; closing it removes the secret from
 // the page, and it is never stored (not in storage, not in the URL, not in a variable that lives on).
 //
@@ -22,6 +22,9 @@ const SCOPE_GROUPS = [
   ["Console and admin API (/api)", [
     ["admin.read", "Read everything in this console and /api: system, GPUs, models, downloads, runtime, keys, settings."],
     ["admin.write", "Change things through /api: models, downloads, runtime, keys, settings (reading needs admin.read too)."],
+  ]],
+  ["Tools (/tools), for the chat page and tool clients", [
+    ["tools", "Call the tools enabled at /tools; with write tools it changes files in the tools folder, with exec_shell_command it runs any command as the server's user."],
   ]],
   ["MCP tools (/mcp), for agents", [
     ["mcp.read", "The read-only MCP tools."],
