@@ -294,6 +294,32 @@ def test_a_call_refused_by_tools_shows_why_and_stops_the_loop_until_the_user_dec
     watched.assert_clean()
 
 
+def test_the_tool_key_is_made_on_first_need_and_replaced_when_refused(
+    watched: Watched, upstream: FakeUpstream, stack: Stack
+) -> None:
+    page = watched.page
+    choose_tools(page, "get_datetime")
+    first = tools_key(page)
+    first_id = page.evaluate("() => localStorage.getItem('vllm-use.chat-tools-key-id')")
+    listed = {k["id"]: k for k in stack.server.fetch("/api/keys").json()["keys"]}
+    assert listed[first_id]["scopes"] == ["tools"]
+    assert re.fullmatch(r"chat tools · \w+ · \d{4}-\d\d-\d\d", listed[first_id]["name"]), listed[first_id][
+        "name"
+    ]
+    assert stack.server.fetch(f"/api/keys/{first_id}/disable", "POST").status_code == 200
+
+    upstream.script = [[ToolCall("get_datetime", "{}")], "Fine."]
+    ask(page, "The time, with a key that was disabled")
+    expect(call_of(page, "get_datetime")).to_have_attribute("data-state", "done")
+    finished(page.locator(ASSISTANT).nth(1))
+    expect(page.locator("#toasts")).to_contain_text("chat tools key was refused")
+    second = tools_key(page)
+    assert second != first
+    keys = stack.server.fetch("/api/keys").json()["keys"]
+    assert [k["enabled"] for k in keys if k["id"] == first_id] == [False]  # left as the admin left it
+    watched.assert_clean()
+
+
 @pytest.mark.parametrize("rounds", [MAX_ROUNDS, MAX_ROUNDS + 1])
 def test_ten_rounds_of_tool_calls_run_and_an_eleventh_is_refused(
     watched: Watched, upstream: FakeUpstream, rounds: int
