@@ -81,9 +81,9 @@ export function updateToolCalls(item, m, onDecide) {
     p.error.textContent = call.error || "";
     if (p.buttonsFor !== state) {
       p.buttonsFor = state;
-      p.actions.replaceChildren(...(BUTTONS[state] || []).map(([choice, label]) => h("button.button.small", {
-        type: "button", class: `button small${choice === "deny" ? "" : " primary"}`,
-        onclick: () => onDecide(m, index, choice) }, label)));
+      p.actions.replaceChildren(...(BUTTONS[state] || []).map(([choice, label]) => h(
+        choice === "deny" ? "button.button.small" : "button.button.small.primary",
+        { type: "button", onclick: () => onDecide(m, index, choice) }, label)));
     }
   });
   for (const extra of nodes.slice(calls.length)) extra.remove();

@@ -42,7 +42,8 @@ async function failure(response) {
     413: "The call is too large for /tools",
     429: "Too many tool calls at once with this key; try again in a moment",
   }[response.status];
-  return new ToolsError(response.status, [words, said].filter(Boolean).join(": ") || `/tools answered ${response.status}.`);
+  const text = [words, said].filter(Boolean).join(": ");
+  return new ToolsError(response.status, text || `/tools answered ${response.status}.`);
 }
 
 const unreachable = () => new ToolsError(0, UNREACHABLE);
@@ -90,7 +91,8 @@ export function createToolPicker({ signal, onChange }) {
       });
       return h("li.tool-option", { dataset: { tool: t.tool } },
         h("label", box, ` ${t.display_name || t.tool}`),
-        t.permissions && t.permissions.write ? h("span.tool-write", { title: "This tool can change files or run commands: each call asks you first." }, "write") : null,
+        t.permissions && t.permissions.write
+          ? h("span.tool-write", { title: "This tool can write: each call asks you first." }, "write") : null,
         t.available ? h("span.tool-cost", `~${tokensOf(t.definition)} tokens`)
           : h("span.tool-unavailable.error-text", t.error || "unavailable"));
     }));
@@ -152,7 +154,8 @@ export function createToolPicker({ signal, onChange }) {
     let key = await keeper.ensure();
     if (!key) throw new ToolsError(401, "No tool key could be made (an admin credential with admin.write is needed).");
     let response;
-    const post = (k) => send("/tools", { method: "POST", credential: k, body: { tool: name, params, ...(stream ? { stream: true } : {}) },
+    const body = { tool: name, params, ...(stream ? { stream: true } : {}) };
+    const post = (k) => send("/tools", { method: "POST", credential: k, body,
       accept: stream ? "text/event-stream" : "application/json", signal: callSignal, unreachable, failure });
     try {
       response = await post(key);
