@@ -206,6 +206,29 @@ def test_a_write_call_waits_then_deny_sends_the_refusal_and_allow_writes(
     watched.assert_clean()
 
 
+def test_stop_while_a_write_call_waits_ends_the_loop_without_running_it(
+    watched: Watched, upstream: FakeUpstream, tools_root: Path
+) -> None:
+    page = watched.page
+    choose_tools(page, "write_file")
+    upstream.script = [
+        [ToolCall("write_file", json.dumps({"path": "stopped.txt", "content": "never"}))],
+        "Not sent.",
+    ]
+    ask(page, "Write stopped.txt")
+    call = call_of(page, "write_file")
+    expect(call).to_have_attribute("data-state", "waiting")
+    page.get_by_role("button", name="Stop", exact=True).click()
+    expect(call).to_have_attribute("data-state", "skipped")
+    expect(page.locator(f"{ASSISTANT} .tool-note")).to_have_text(
+        "Stopped: the remaining tool calls were not run."
+    )
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
+    expect(call.get_by_role("button")).to_have_count(0)
+    assert len(chat_bodies(upstream)) == 1 and not (tools_root / "stopped.txt").exists()
+    watched.assert_clean()
+
+
 def test_a_reload_while_a_write_call_waits_keeps_it_and_the_loop_goes_on(
     watched: Watched, upstream: FakeUpstream, tools_root: Path
 ) -> None:
