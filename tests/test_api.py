@@ -236,6 +236,7 @@ def test_query_parameters_are_validated(shared_server: Server, query: str, statu
 
 def test_methods_listing_matches_the_registry(shared_server: Server) -> None:
     from vllm_use.abilities import build_registry
+    from vllm_use.scopes import Scope
 
     listed = shared_server.fetch("/api/methods").json()["methods"]
     registry = list(build_registry())
@@ -244,7 +245,7 @@ def test_methods_listing_matches_the_registry(shared_server: Server) -> None:
     create = by_name["api_keys.create"]
     assert create["scope"] == {"api": "admin.write", "mcp": "mcp.admin"}
     assert create["input_schema"]["additionalProperties"] is False
-    assert create["input_schema"]["properties"]["scopes"]["maxItems"] == 7
+    assert create["input_schema"]["properties"]["scopes"]["maxItems"] == len(Scope) == 8
     assert by_name["test"]["public"] is True
 
 

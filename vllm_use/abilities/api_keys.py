@@ -22,7 +22,7 @@ from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
 from vllm_use.fields import KEY_ID_RE, NO_CONTROL, KeyId
 from vllm_use.keys import material, store
 from vllm_use.registry import Args, NoArgs, Registry, Result
-from vllm_use.scopes import ADMIN_WRITE, KEYS_READ, Surface
+from vllm_use.scopes import ADMIN_WRITE, KEYS_READ, Scope, Surface
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,10 @@ KeyName = Annotated[
 class CreateArgs(Args):
     name: KeyName
     scopes: list[ScopeName] = Field(
-        min_length=1, max_length=8, description="distinct scopes", json_schema_extra={"uniqueItems": True}
+        min_length=1,
+        max_length=len(Scope),
+        description="distinct scopes",
+        json_schema_extra={"uniqueItems": True},
     )
 
 
