@@ -381,6 +381,7 @@ def test_a_screenshot_of_a_tool_call_in_both_themes(
         {"path": "plan.md", "content": "# Plan\n\n1. Check the time.\n2. Write it down.\n"}
     )
     upstream.script = [[ToolCall("get_datetime", "{}"), ToolCall("write_file", arguments)]]
+    upstream.word_interval = 0.03  # believable stats in the picture
     ask(page, "Check the time, then write plan.md")
     expect(call_of(page, "write_file")).to_have_attribute("data-state", "waiting")
     expect(page.locator("#toasts > *")).to_have_count(0, timeout=10_000)
