@@ -49,6 +49,9 @@ $(LIBS)/node_modules/.vendored: $(LIBS)/package.json $(LIBS)/package-lock.json
 	cp $(LIBS)/node_modules/marked/LICENSE static/vendor/marked.LICENSE
 	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/dompurify/dist/purify.es.mjs > static/vendor/purify.es.js
 	cp $(LIBS)/node_modules/dompurify/LICENSE static/vendor/dompurify.LICENSE
+	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/pdfjs-dist/build/pdf.min.mjs > static/vendor/pdf.js
+	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/pdfjs-dist/build/pdf.worker.min.mjs > static/vendor/pdf.worker.js
+	cp $(LIBS)/node_modules/pdfjs-dist/LICENSE static/vendor/pdfjs.LICENSE
 	touch $@
 
 # Test-only tools that are not Python packages: the MCP Inspector (npm, pinned by tools/package-lock.json).
