@@ -95,7 +95,8 @@ test:
 screenshots:
 	$(MAKE) --no-print-directory -j5 test-deps
 	SCREENSHOTS_DIR="$(CURDIR)/docs/screenshots" PATH="$(CURDIR)/$(BIN):$$PATH" \
-	  $(BIN)/python -m pytest tests/test_console_flow.py tests/test_chat.py tests/test_console_first_run.py \
+	  $(BIN)/python -m pytest tests/test_console_flow.py tests/test_chat.py tests/test_chat_attachments.py \
+	    tests/test_console_first_run.py \
 	    tests/test_console_models.py tests/test_console_requests.py $(ARGS)
 
 lint: .venv

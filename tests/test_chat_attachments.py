@@ -276,6 +276,8 @@ def test_a_pdfs_text_reaches_a_text_only_model(
     watched = open_chat(browser, server, "text")
     page = watched.page
     try:
+        workers: list[str] = []
+        page.on("worker", lambda worker: workers.append(worker.url))
         attach(page, files["note.pdf"])
         expect(page.locator(".composer .attachment[data-kind=pdf]")).to_contain_text("note.pdf")
         send(page, "summarise it")
@@ -284,7 +286,10 @@ def test_a_pdfs_text_reaches_a_text_only_model(
             {"type": "text", "text": "[PDF note.pdf]\nHello from a PDF"},
         ]
         expect(page.locator(ASSISTANT).last.locator(".message-body")).to_contain_text("Hello from a PDF")
-        watched.assert_clean()  # pdf.js and its worker loaded under the console's CSP
+        # pdf.js ran its own worker (not the "fake worker" it falls back to in the page), loaded
+        # under the console's CSP: a refusal would show in the console (assert_clean).
+        assert workers == [f"{server.base_url}/vendor/pdf.worker.js"], workers
+        watched.assert_clean()
     finally:
         page.context.close()
 

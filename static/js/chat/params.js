@@ -5,9 +5,10 @@
 // GET /v1/models lists them as `generation_defaults`, docs/router.md), which the placeholder says
 // ("model default 0.7"), else "server default".
 //
-// `createParams({onChange})`: `element`, `form fields` named as the request fields;
-// `apply(params)`, `read(errors)` (fills `errors[name]` for a field out of its bounds),
-// `setModel(entry)` (the /v1/models entry of the model chosen: its defaults and context length).
+// `createParams({onChange})`: `element` (its inputs named as the request fields, so that
+// showFieldErrors finds them); `apply(params)`; `read(errors)` (fills `errors[name]` for a field
+// out of its bounds); `setModel(entry)` (the /v1/models entry of the model chosen: its defaults
+// and context length). The bounds are also vllm_use/models/files.py's GENERATION_KEYS'.
 // `requestFields(params)` turns saved parameters into a completion request's fields.
 
 import { field, h } from "../ui.js";
