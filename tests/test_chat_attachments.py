@@ -221,7 +221,7 @@ def test_an_image_reaches_the_vision_deployment_downscaled_as_a_data_uri(
         page.context.close()
 
 
-def test_an_image_is_refused_for_the_text_only_model_and_nothing_is_sent(
+def test_an_image_or_audio_is_refused_for_the_text_only_model_and_nothing_is_sent(
     browser: Browser, server: Server, bodies: Path, files: dict[str, Path]
 ) -> None:
     watched = open_chat(browser, server, "text")
@@ -231,6 +231,11 @@ def test_an_image_is_refused_for_the_text_only_model_and_nothing_is_sent(
         before = len(received(bodies))
         attach(page, files["wide.png"])
         expect(page.locator(".composer .error-text")).to_contain_text("text does not take images")
+        expect(page.locator(".composer .attachment")).to_have_count(0)
+        attach(page, files["tiny.wav"])  # audio likewise
+        expect(page.locator(".composer .error-text")).to_have_text(
+            "tiny.wav: text does not take audio (GET /v1/models lists its inputs as text)."
+        )
         expect(page.locator(".composer .attachment")).to_have_count(0)
         page.get_by_label("Message", exact=True).fill("and now?")
         page.get_by_role("button", name="Send", exact=True).click()
