@@ -249,7 +249,7 @@ def test_an_image_or_audio_is_refused_for_the_text_only_model_and_nothing_is_sen
 
 
 def test_a_conversation_with_an_image_cannot_switch_to_the_text_only_model(
-    browser: Browser, server: Server, files: dict[str, Path]
+    browser: Browser, server: Server, bodies: Path, files: dict[str, Path]
 ) -> None:
     watched = open_chat(browser, server, "see")
     page = watched.page
@@ -265,6 +265,14 @@ def test_a_conversation_with_an_image_cannot_switch_to_the_text_only_model(
         compare = page.get_by_label("Compare with", exact=True)
         compare.select_option("text")
         expect(compare).to_have_value("")
+        # An edit of the prompt is a new branch with the same image.
+        page.locator(USER).get_by_role("button", name="Edit").click()
+        page.get_by_label("Edit message").fill("look again")
+        page.get_by_role("button", name="Save and send").click()
+        expect(page.locator(".branch-index").first).to_have_text("2/2")
+        expect(page.locator(ASSISTANT)).to_have_attribute("data-status", "done", timeout=ANSWER_TIMEOUT_MS)
+        expect(page.locator(f"{USER} .attachment img")).to_have_attribute("alt", "wide.png")
+        assert [p["type"] for p in last_parts(bodies)] == ["text", "image_url"]
         # A new chat has no image: any model will do.
         page.get_by_role("button", name="New chat").click()
         picker.select_option("text")

@@ -8,11 +8,15 @@
 // the attachments over (the composer empties), `restore(list)` puts them back (a send refused),
 // `list` is what is attached now, `clear()`.
 //
+// `modalityChecks({controls(), attached()})`: `refusal(kind)`, why the models chosen (and compared)
+// cannot take an attachment of `kind`; `canChoose(name)`, why a model cannot be chosen for what is
+// attached (`attached()`: the conversation's messages and the composer's, as {attachments}).
+//
 // `attachmentList(attachments, onRemove?)`: `ul.attachments` of `li.attachment[data-kind]`, an
 // image as a thumbnail (its alt text the file's name), audio and PDF as a chip with name and size.
 
 import { formatBytes, h } from "../ui.js";
-import { kindOf, readAttachment } from "./attachments.js";
+import { kindOf, neededBy, readAttachment, refusalFor } from "./attachments.js";
 
 const KIND_LABEL = { image: "Image", audio: "Audio", pdf: "PDF" };
 
@@ -26,6 +30,29 @@ export function attachmentList(attachments, onRemove = null) {
     onRemove ? h("button.button.small.quiet", { type: "button", "aria-label": `Remove ${a.name}`, title: "Remove",
       onclick: () => onRemove(i) }, "×") : null,
   )));
+}
+
+export function modalityChecks({ controls, attached }) {
+  return {
+    refusal(kind) {
+      const { model, compareModel } = controls().read();
+      for (const name of [model, compareModel].filter(Boolean)) {
+        const refusal = refusalFor(kind, controls().modalities(name), name);
+        if (refusal) return refusal;
+      }
+      return null;
+    },
+    canChoose(name) {
+      for (const need of neededBy(attached())) {
+        const refusal = refusalFor(need, controls().modalities(name), name);
+        if (refusal) {
+          return `This conversation has ${need === "image" ? "images" : "audio"} attached: ${refusal} `
+            + "Keep this model, or start a new chat.";
+        }
+      }
+      return null;
+    },
+  };
 }
 
 export function createAttachPicker({ check, onProblem }) {

@@ -13,8 +13,8 @@
 
 import { h, humanError, pageHeader, showError, toast } from "../ui.js";
 import * as store from "../chat/store.js";
-import { createAttachPicker } from "../chat/attach.js";
-import { BODY_MAX_BYTES, bodyBytes, neededBy, refusalFor, tooLargeText } from "../chat/attachments.js";
+import { createAttachPicker, modalityChecks } from "../chat/attach.js";
+import { BODY_MAX_BYTES, bodyBytes, tooLargeText } from "../chat/attachments.js";
 import { createComposer } from "../chat/composer.js";
 import { createEntries, exportEntry, importConversation, newEntry, requestBody } from "../chat/conversation.js";
 import { createSidebar } from "../chat/conversations.js";
@@ -45,14 +45,18 @@ export async function render(root, page) {
       composer.input.focus();
     },
   });
-  const controls = createControls({ onChange: rememberChoices, onOpen: () => models.load(), canChoose });
+  // Attachments a model cannot take are refused (chat/attach.js): at the picker, at sending, and a
+  // model chosen for a conversation that has them.
+  const modalities = modalityChecks({ controls: () => controls, attached: () => [
+    ...(current ? current.messages.values() : []), { attachments: picker.list }] });
+  const controls = createControls({ onChange: rememberChoices, onOpen: () => models.load(),
+    canChoose: modalities.canChoose });
   const models = createModelStatus({ controls, signal: page.signal, ensureKey: () => keys.ensure(),
     onRefused: (key) => keys.refused(key), onChange: () => updateComposer(),
     onListed: () => runners.markLoading((name) => models.needsLoad(name)) });
   const thread = createThread({ onBranch: switchBranch, onEdit: startEdit, onRegenerate: regenerate });
-  // Attachments are refused for a model chosen (or compared) that cannot take them.
   const picker = createAttachPicker({
-    check: (kind) => attachRefusal(kind),
+    check: (kind) => modalities.refusal(kind),
     onProblem: (text) => showError(composer.error, text),
   });
   const composer = createComposer({
@@ -100,27 +104,6 @@ export async function render(root, page) {
     composer.update(busy, !(keys.failed && !keys.key) && !controls.hasModel());
     models.check(); // a model chosen that is no longer served says so
     thread.setBusy(busy);
-  }
-
-  // --- attachments and the models' modalities (docs/chat.md, Attachments) --------------------------------
-  function attachRefusal(kind, names = null) {
-    const { model, compareModel } = controls.read();
-    for (const name of names || [model, compareModel].filter(Boolean)) {
-      const refusal = refusalFor(kind, controls.modalities(name), name);
-      if (refusal) return refusal;
-    }
-    return null;
-  }
-
-  // A model that cannot take what the conversation (or the composer) has attached is not chosen.
-  function canChoose(name) {
-    const messages = [...(current ? current.messages.values() : []), { attachments: picker.list }];
-    for (const need of neededBy(messages)) {
-      const refusal = refusalFor(need, controls.modalities(name), name);
-      if (refusal) return `This conversation has ${need === "image" ? "images" : "audio"} attached: ${refusal} `
-        + "Keep this model, or start a new chat.";
-    }
-    return null;
   }
 
   // --- conversations -------------------------------------------------------------------------------------
@@ -261,7 +244,7 @@ export async function render(root, page) {
     try {
       const choice = await ready();
       if (!choice || isBusy(current)) return;
-      const refused = attachments.map((a) => attachRefusal(a.kind)).find(Boolean);
+      const refused = attachments.map((a) => modalities.refusal(a.kind)).find(Boolean);
       if (refused) {
         showError(composer.error, refused);
         return;
