@@ -6,7 +6,8 @@
 // of a file, and Export as a download of `<title>.json`.
 
 import { h } from "../ui.js";
-import { requestFields } from "./controls.js";
+import { contentOf } from "./attachments.js";
+import { requestFields } from "./params.js";
 import * as store from "./store.js";
 import { lineage, select } from "./tree.js";
 
@@ -99,12 +100,13 @@ export function newEntry(text, choice) {
 }
 
 // The completion request answering `user`: the system prompt, the messages from the first down to
-// `user`, and the parameters that are set.
+// `user` (with their attachments), and the parameters that are set.
 export function requestBody(entry, user, model, params) {
   const messages = [];
   if (params.system && params.system.trim()) messages.push({ role: "system", content: params.system });
   for (const m of lineage(entry.messages, user.id)) {
-    if (m.content) messages.push({ role: m.role, content: m.content });
+    // A prompt with attachments is a list of content parts (chat/attachments.js).
+    if (m.content || (m.attachments && m.attachments.length)) messages.push({ role: m.role, content: contentOf(m) });
   }
   const body = { messages, ...requestFields(params) };
   return model ? { model, ...body } : body;
