@@ -49,6 +49,9 @@ $(LIBS)/node_modules/.vendored: $(LIBS)/package.json $(LIBS)/package-lock.json
 	cp $(LIBS)/node_modules/marked/LICENSE static/vendor/marked.LICENSE
 	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/dompurify/dist/purify.es.mjs > static/vendor/purify.es.js
 	cp $(LIBS)/node_modules/dompurify/LICENSE static/vendor/dompurify.LICENSE
+	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/pdfjs-dist/build/pdf.min.mjs > static/vendor/pdf.js
+	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/pdfjs-dist/build/pdf.worker.min.mjs > static/vendor/pdf.worker.js
+	cp $(LIBS)/node_modules/pdfjs-dist/LICENSE static/vendor/pdfjs.LICENSE
 	touch $@
 
 # Test-only tools that are not Python packages: the MCP Inspector (npm, pinned by tools/package-lock.json).
@@ -92,7 +95,8 @@ test:
 screenshots:
 	$(MAKE) --no-print-directory -j5 test-deps
 	SCREENSHOTS_DIR="$(CURDIR)/docs/screenshots" PATH="$(CURDIR)/$(BIN):$$PATH" \
-	  $(BIN)/python -m pytest tests/test_console_flow.py tests/test_chat.py tests/test_chat_tools.py tests/test_console_first_run.py \
+	  $(BIN)/python -m pytest tests/test_console_flow.py tests/test_chat.py tests/test_chat_attachments.py tests/test_chat_tools.py \
+	    tests/test_console_first_run.py \
 	    tests/test_console_models.py tests/test_console_requests.py $(ARGS)
 
 lint: .venv

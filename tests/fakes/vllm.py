@@ -94,6 +94,11 @@ environment without them, so tests set them in a wrapper script (`fake_vllm_bin`
                                 /is_sleeping true while the memory stays held (vllm-project/vllm#47654).
                                 FAKE_VLLM_WAKE_FAILS=1: /wake_up answers 500 and it stays asleep.
                                 FAKE_VLLM_SLEEP_SECONDS (default 0.1): how long /sleep and /wake_up take.
+  FAKE_VLLM_BODIES=/path.jsonl  Append each chat completion's request body, as received (one JSON line
+                                each), so a test sees what reached the upstream (e.g. the chat page's
+                                attachments). Content parts are checked as vLLM's parser does: `text`,
+                                `image_url` with a `url`, `input_audio` with `data` and `format`; another
+                                part or a part without its field is a 400.
   FAKE_VLLM_MAX_LIFETIME=600    Safety net: the main process and its children exit by themselves after
                                 this many seconds (0 = never), so a forgotten test process doesn't linger.
 
@@ -514,6 +519,8 @@ class Handler(BaseHTTPRequestHandler):
         body = self._request()
         messages = body.get("messages")
         shapes.check_messages(messages)
+        check_parts(messages)
+        self.server.app.record_body(self.body)
         last_user, n_prompt = "", 0
         for m in messages:
             text = shapes.text_of(m.get("content")) if isinstance(m, dict) else ""
@@ -637,6 +644,25 @@ ROUTES: dict[str, dict[str, Any]] = {
 }
 
 
+# What a content part needs, by type (vLLM's ChatCompletionContentPartParam, the ones used here).
+PART_FIELDS = {"text": ("text",), "image_url": ("image_url", "url"), "input_audio": ("input_audio", "data")}
+
+
+def check_parts(messages: list[Any]) -> None:
+    """A message's content list: each part of a known type with its field, as vLLM's parser wants."""
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            fields = PART_FIELDS.get(part.get("type")) if isinstance(part, dict) else None
+            value: Any = part
+            for name in fields or ():
+                value = value.get(name) if isinstance(value, dict) else None
+            if fields is None or not isinstance(value, str):
+                raise shapes.ApiError(400, f"Unknown or incomplete content part: {str(part)[:80]}")
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -663,9 +689,19 @@ class App:
         self._streams = 0
         self._engine_lock = threading.Lock()
         self.asleep = False
+        self.bodies = os.environ.get("FAKE_VLLM_BODIES") or None
+        self._bodies_lock = threading.Lock()
         self.nvml_dir = os.environ.get("FAKE_VLLM_NVML_DIR") or None
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
         self.gpus = [int(i) for i in visible[: max(args.tensor_parallel_size, 1)] if i.strip().isdigit()]
+
+    def record_body(self, raw: bytes) -> None:
+        """FAKE_VLLM_BODIES: the request body, one line (compact JSON has no newline)."""
+        if not self.bodies:
+            return
+        line = json.dumps(json.loads(raw), separators=(",", ":")).encode() + b"\n"
+        with self._bodies_lock, open(self.bodies, "ab") as f:
+            f.write(line)
 
     def _nvml(self) -> Any:
         import importlib.util

@@ -254,6 +254,7 @@ class Instances:
                 "root": name,
                 "max_model_len": saved["options"].get("max_model_len") or card.get("max_model_len"),
                 "input_modalities": card.get("input_modalities", ["text"]),
+                "generation_defaults": card.get("generation_defaults", {}),
                 "status": {"value": _LISTED.get(state, "unloaded")},
             }
             entries += [{"id": shown, **common} for shown in (name, *saved["aliases"])]

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from vllm_use.errors import ConfigError
@@ -136,22 +137,65 @@ def reconcile_quarantine(root: Path, records: dict[str, ModelRecord]) -> None:
             )
 
 
-CARD_MAX_BYTES = 1024 * 1024  # a config.json larger than this is not read
+CARD_MAX_BYTES = 1024 * 1024  # a config.json or generation_config.json larger than this is not read
+
+# The keys of a generation_config.json that vLLM applies by default (`--generation-config auto`):
+# each with the request field it fills and the values that field accepts (the chat's bounds,
+# static/js/chat/params.js); anything else is dropped.
+GENERATION_KEYS: dict[str, tuple[str, type, Callable[[float], bool]]] = {
+    "temperature": ("temperature", float, lambda v: 0 <= v <= 2),
+    "top_p": ("top_p", float, lambda v: 0 < v <= 1),
+    "top_k": ("top_k", int, lambda v: v >= -1),
+    "min_p": ("min_p", float, lambda v: 0 <= v <= 1),
+    "repetition_penalty": ("repetition_penalty", float, lambda v: 0 < v <= 2),
+    "max_new_tokens": ("max_tokens", int, lambda v: v >= 1),
+}
+
+
+def _read_json_file(path: Path) -> object:
+    """The JSON in `path`, or None when it is missing, a symlink (O_NOFOLLOW), larger than
+    `CARD_MAX_BYTES` or not JSON. Runs in an executor."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            raw = handle.read(CARD_MAX_BYTES + 1)
+        return json.loads(raw) if len(raw) <= CARD_MAX_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def generation_defaults(directory: Path) -> dict[str, float | int]:
+    """The sampling defaults vLLM takes from the model's `generation_config.json` (docs/router.md):
+    only the keys of `GENERATION_KEYS` whose value is a number in range (`max_new_tokens` becomes
+    `max_tokens`); {} when the file is missing, a symlink, too large or not a JSON object."""
+    config = _read_json_file(directory / "generation_config.json")
+    if not isinstance(config, dict):
+        return {}
+    found: dict[str, float | int] = {}
+    for key, (field, kind, accepts) in GENERATION_KEYS.items():
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if kind is int and not (isinstance(value, int) or float(value).is_integer()):
+            continue
+        if accepts(value):
+            found[field] = int(value) if kind is int else value
+    return found
 
 
 def model_card(directory: Path) -> dict[str, object]:
     """What `GET /v1/models` says of a model from its `config.json`: `max_model_len` (its
     `max_position_embeddings`, or its text model's) and `input_modalities` (text, plus image for a
-    `vision_config`, audio for an `audio_config`). A file that is missing, a symlink, larger than
-    `CARD_MAX_BYTES` or not a JSON object gives the defaults (None, text only)."""
-    card: dict[str, object] = {"max_model_len": None, "input_modalities": ["text"]}
-    try:
-        fd = os.open(directory / "config.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as handle:
-            raw = handle.read(CARD_MAX_BYTES + 1)
-        config = json.loads(raw) if len(raw) <= CARD_MAX_BYTES else None
-    except (OSError, ValueError, RecursionError):
-        return card
+    `vision_config`, audio for an `audio_config`); and from its `generation_config.json`,
+    `generation_defaults` (`generation_defaults()`). A file that is missing, a symlink, larger than
+    `CARD_MAX_BYTES` or not a JSON object gives the defaults (None, text only, {}). Runs in an
+    executor."""
+    card: dict[str, object] = {
+        "max_model_len": None,
+        "input_modalities": ["text"],
+        "generation_defaults": generation_defaults(directory),
+    }
+    config = _read_json_file(directory / "config.json")
     if not isinstance(config, dict):
         return card
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}

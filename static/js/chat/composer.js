@@ -2,12 +2,12 @@
 // starts a new line); while an answer streams, "Stop" instead of an enabled Send. What went wrong
 // with sending shows beside them (`error`, an errorSlot).
 //
-// `createComposer({onSend(), onStop()})`: `element`, `input`, `error`; `update(busy, blocked)`
+// `createComposer({onSend(), onStop(), extra})` (`extra`: shown under the textarea, the attachments): `element`, `input`, `error`; `update(busy, blocked)`
 // shows Stop while busy and disables Send while busy or blocked (no model to send to yet).
 
 import { errorSlot, field, h } from "../ui.js";
 
-export function createComposer({ onSend, onStop }) {
+export function createComposer({ onSend, onStop, extra = null }) {
   const input = h("textarea.composer-input", { name: "message", rows: 3, placeholder: "Message the model…" });
   const send = h("button.button.primary", { type: "submit" }, "Send");
   const stop = h("button.button.danger", { type: "button", hidden: true, onclick: async () => {
@@ -18,6 +18,7 @@ export function createComposer({ onSend, onStop }) {
   const error = errorSlot();
   const form = h("form.composer", { novalidate: true },
     field("Message", input),
+    extra,
     h("div.composer-row", error, h("div.actions", stop, send)));
 
   form.addEventListener("submit", (event) => {

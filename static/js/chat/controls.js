@@ -1,9 +1,9 @@
 // The model picker and the parameters (docs/chat.md, Model and Parameters): selects "Model" and
 // "Compare with" (models from GET /v1/models, aliases included, each deployment with its state in
-// the console's words: "qwen — deployed", "qwen — serving"), and a <details> "Parameters" with "System prompt", "Temperature", "Top p",
-// "Max tokens" and "Stop" (one per line). Empty means the server's default, which the placeholders
-// say. Values are kept per conversation by the page (`read()` / `apply()`), and `request()` turns
-// them into the fields of a completion request.
+// the console's words: "qwen — deployed", "qwen — serving"), and the <details> "Parameters"
+// (chat/params.js). Values are kept per conversation by the page (`read()` / `apply()`).
+// `canChoose(name)` (the page's) may refuse a model, in words: the select goes back to the model
+// chosen before and says why (a conversation with images and a model that takes none).
 //
 // A model chosen that the last listing no longer names (deleted, or its runtime stopped) stays
 // chosen, as a disabled option "<name> — unavailable", and `unavailable()` names it: the page sends
@@ -12,31 +12,23 @@
 
 import { field, h, showFieldErrors } from "../ui.js";
 import { labelOf } from "./models.js";
+import { createParams } from "./params.js";
 
-export const EMPTY_PARAMS = { system: "", temperature: null, top_p: null, max_tokens: null, stop: [] };
+// What a /v1/models entry says its model takes; an entry without `input_modalities` (a runtime's
+// or --upstream's model) is taken for text only.
+export const modalitiesOf = (entry) => (entry && Array.isArray(entry.input_modalities)
+  ? entry.input_modalities : ["text"]);
 
-export function createControls({ onChange, onOpen = () => {} }) {
+export function createControls({ onChange, onOpen = () => {}, canChoose = () => null }) {
   const model = h("select", { name: "model" });
   const compare = h("select", { name: "compare" }, h("option", { value: "" }, "Off"));
-  const system = h("textarea.system-prompt", { name: "system", rows: 3, placeholder: "server default (none)" });
-  const temperature = h("input", { name: "temperature", type: "number", inputmode: "decimal", min: "0", max: "2",
-    step: "0.05", placeholder: "server default" });
-  const topP = h("input", { name: "top_p", type: "number", inputmode: "decimal", min: "0", max: "1", step: "0.05",
-    placeholder: "server default" });
-  const maxTokens = h("input", { name: "max_tokens", type: "number", inputmode: "numeric", min: "1", step: "1",
-    placeholder: "server default" });
-  const stop = h("textarea.stop-list", { name: "stop", rows: 2, placeholder: "server default (none)" });
-  const details = h("details.parameters",
-    h("summary", "Parameters"),
-    h("div.parameters-grid",
-      h("div.parameters-wide", field("System prompt", system)),
-      field("Temperature", temperature),
-      field("Top p", topP),
-      field("Max tokens", maxTokens),
-      field("Stop", stop, "One stop sequence per line.")));
+  const parameters = createParams({ onChange: () => onChange() });
+  const details = parameters.element;
+  const refused = h("p.error-text.model-refused", { role: "alert", hidden: true });
   // No accessible name on the form: "Model" must label the select alone.
   const form = h("form.chat-controls", { novalidate: true },
     h("div.model-row", field("Model", model), field("Compare with", compare)),
+    refused,
     details);
   form.addEventListener("submit", (event) => event.preventDefault());
   form.addEventListener("change", () => onChange());
@@ -82,6 +74,20 @@ export function createControls({ onChange, onOpen = () => {} }) {
       pressed = null;
     });
     select.addEventListener("blur", () => { pressed = null; });
+    // A model the page refuses (canChoose) is not chosen: the select goes back, saying why.
+    let before = select.value;
+    select.addEventListener("focus", () => { before = select.value; });
+    select.addEventListener("change", (event) => {
+      const refusal = select.value ? canChoose(select.value) : null;
+      refused.hidden = !refusal;
+      refused.textContent = refusal || "";
+      if (refusal) {
+        event.stopImmediatePropagation(); // nothing changed: the form's onChange is not told
+        select.value = before;
+        return;
+      }
+      before = select.value;
+    });
     // Choosing another model drops an unavailable one from the options.
     select.addEventListener("change", () => {
       fill(model, model.value, false);
@@ -90,11 +96,8 @@ export function createControls({ onChange, onOpen = () => {} }) {
   }
   const unlisted = (name) => loaded && name !== "" && !known.some((m) => m.id === name);
 
-  // The model's context length, when /v1/models says it, in the Max tokens placeholder.
-  const hint = () => {
-    const info = known.find((m) => m.id === model.value);
-    maxTokens.placeholder = info && info.max_model_len ? `server default (context ${info.max_model_len})` : "server default";
-  };
+  // The model's defaults and context length, when /v1/models says them, in the placeholders.
+  const hint = () => parameters.setModel(known.find((m) => m.id === model.value));
   model.addEventListener("change", hint);
 
   return {
@@ -115,6 +118,11 @@ export function createControls({ onChange, onOpen = () => {} }) {
       return loaded && model.value !== "" && !this.unavailable().length;
     },
 
+    // What the model `name` takes, as the last listing says ("text", "image", "audio").
+    modalities(name) {
+      return modalitiesOf(known.find((m) => m.id === name));
+    },
+
     // The models chosen (model, compare) that the last listing does not name.
     unavailable() {
       return [model.value, compare.value].filter(unlisted);
@@ -125,39 +133,15 @@ export function createControls({ onChange, onOpen = () => {} }) {
       if (chosenModel) fill(model, chosenModel, false);
       fill(compare, compareModel || "", true);
       hint();
-      const p = { ...EMPTY_PARAMS, ...(params || {}) };
-      system.value = p.system || "";
-      temperature.value = p.temperature ?? "";
-      topP.value = p.top_p ?? "";
-      maxTokens.value = p.max_tokens ?? "";
-      stop.value = (p.stop || []).join("\n");
+      parameters.apply(params);
+      refused.hidden = true;
       showFieldErrors(form, null);
     },
 
     // {model, compareModel, params} as chosen now; `errors` lists fields out of range.
     read() {
       const errors = {};
-      const number = (input, name, check, message) => {
-        const raw = input.value.trim();
-        if (!raw) return null;
-        const value = Number(raw);
-        if (!Number.isFinite(value) || !check(value)) {
-          errors[name] = message;
-          return null;
-        }
-        return value;
-      };
-      const params = {
-        system: system.value,
-        temperature: number(temperature, "temperature", (v) => v >= 0 && v <= 2, "Between 0 and 2."),
-        top_p: number(topP, "top_p", (v) => v > 0 && v <= 1, "More than 0, at most 1."),
-        max_tokens: number(maxTokens, "max_tokens", (v) => Number.isInteger(v) && v >= 1, "A whole number, at least 1."),
-        stop: stop.value.split("\n").filter((line) => line !== ""),
-      };
-      // A field left empty by the browser because it could not parse it (e.g. "abc") is invalid too.
-      for (const [input, name] of [[temperature, "temperature"], [topP, "top_p"], [maxTokens, "max_tokens"]]) {
-        if (input.validity && input.validity.badInput) errors[name] = "Not a number.";
-      }
+      const params = parameters.read(errors);
       return { model: model.value, compareModel: compare.value, params, errors };
     },
 
@@ -173,14 +157,4 @@ export function createControls({ onChange, onOpen = () => {} }) {
       return true;
     },
   };
-}
-
-// The fields a completion request gets from the parameters: only those that are set.
-export function requestFields(params) {
-  const out = {};
-  if (params.temperature !== null && params.temperature !== undefined) out.temperature = params.temperature;
-  if (params.top_p !== null && params.top_p !== undefined) out.top_p = params.top_p;
-  if (params.max_tokens !== null && params.max_tokens !== undefined) out.max_tokens = params.max_tokens;
-  if (params.stop && params.stop.length) out.stop = params.stop;
-  return out;
 }

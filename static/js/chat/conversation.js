@@ -6,7 +6,8 @@
 // of a file, and Export as a download of `<title>.json`.
 
 import { h } from "../ui.js";
-import { requestFields } from "./controls.js";
+import { contentOf } from "./attachments.js";
+import { requestFields } from "./params.js";
 import * as store from "./store.js";
 import { lineage, select } from "./tree.js";
 
@@ -100,15 +101,17 @@ export function newEntry(text, choice) {
 }
 
 // The completion request answering `user` (or continuing after an answer's tool calls): the system
-// prompt, the messages from the first down to `user`, the parameters that are set, and the `tools`
-// definitions selected. An answer with tool calls is an assistant message with `tool_calls` (its
-// content null when it has none) followed by one `tool` message per call (docs/chat.md, "Tools").
+// prompt, the messages from the first down to `user` (with their attachments), the parameters that
+// are set, and the `tools` definitions selected. An answer with tool calls is an assistant message
+// with `tool_calls` (its content null when it has none) followed by one `tool` message per call
+// (docs/chat.md, "Tools").
 export function requestBody(entry, user, model, params, tools = []) {
   const messages = [];
   if (params.system && params.system.trim()) messages.push({ role: "system", content: params.system });
   for (const m of lineage(entry.messages, user.id)) {
     if (m.role === "assistant" && m.toolCalls && m.toolCalls.length) messages.push(...toolMessages(m));
-    else if (m.content) messages.push({ role: m.role, content: m.content });
+    // A prompt with attachments is a list of content parts (chat/attachments.js).
+    else if (m.content || (m.attachments && m.attachments.length)) messages.push({ role: m.role, content: contentOf(m) });
   }
   const body = { messages, ...requestFields(params) };
   if (tools.length) body.tools = tools;

@@ -2,11 +2,12 @@
 //
 // Two object stores:
 // - `conversations` (key `id`): {id, title, createdAt, updatedAt, model, compareModel,
-//   params: {system, temperature, top_p, max_tokens, stop}, selected: {<parent id or "root">: <child id>}}
+//   params: {system, stop, and the sampling fields of params.js}, selected: {<parent id or "root">: <child id>}}
 // - `messages` (key [conversationId, id], indexes `conversation` and `status`): {conversationId, id,
 //   parentId (null for a first message), role, content, reasoning, status (streaming|done|stopped|error),
 //   offset (bytes of the stream consumed), model, pairOf (the answer this one is compared with),
 //   createdAt, startedAt, firstTokenAt, finishedAt, tokens, usageTokens, finishReason, note,
+//   attachments (a prompt's: [{kind, name, mime, size, data | text}], chat/attachments.js),
 //   toolCalls: [{id, name, arguments, state, output, result, error}], round, toolNote, toolsEnded}
 //   (the tool loop, chat/toolloop.js); a conversation's `tools` are the tool names selected.
 // Messages form a tree through parentId; `selected` says which sibling each parent shows.
@@ -14,11 +15,13 @@
 // Export is one JSON document {format: "vllm-use-chat", version: 1, conversation, messages};
 // `parseImport` checks a file's shape and says in words what is wrong.
 
+import { attachmentProblem } from "./attachments.js";
+import { paramsProblem } from "./params.js";
+
 const DB_NAME = "vllm-use-chat";
 const DB_VERSION = 1;
 export const FORMAT = "vllm-use-chat";
 const STATUSES = ["streaming", "done", "stopped", "error"];
-const PARAM_KEYS = ["system", "temperature", "top_p", "max_tokens", "stop"];
 
 let opening = null;
 
@@ -175,18 +178,8 @@ export function parseImport(text) {
   if (!optionalNumber(c.createdAt) || !optionalNumber(c.updatedAt)) bad("conversation.createdAt and updatedAt should be numbers");
   if (!optionalString(c.model) || !optionalString(c.compareModel)) bad("conversation.model and compareModel should be text");
   if (c.params !== undefined && !isObject(c.params)) bad("conversation.params should be an object");
-  const params = c.params || {};
-  for (const key of Object.keys(params)) {
-    if (!PARAM_KEYS.includes(key)) bad(`conversation.params.${key} is not a known parameter`);
-  }
-  if (!optionalString(params.system)) bad("conversation.params.system should be text");
-  for (const key of ["temperature", "top_p", "max_tokens"]) {
-    if (!optionalNumber(params[key])) bad(`conversation.params.${key} should be a number`);
-  }
-  if (params.stop !== undefined && params.stop !== null
-      && !(Array.isArray(params.stop) && params.stop.every((s) => typeof s === "string"))) {
-    bad("conversation.params.stop should be a list of strings");
-  }
+  const paramsWrong = paramsProblem(c.params || {});
+  if (paramsWrong) bad(paramsWrong);
   if (c.tools !== undefined && !(Array.isArray(c.tools) && c.tools.every((t) => typeof t === "string"))) {
     bad("conversation.tools should be a list of tool names");
   }
@@ -206,6 +199,13 @@ export function parseImport(text) {
     if (!optionalString(m.reasoning) || !optionalString(m.model) || !optionalString(m.note)
         || !optionalString(m.finishReason)) bad(`${where}: reasoning, model, note and finishReason should be text`);
     if (!STATUSES.includes(m.status)) bad(`${where}.status should be one of ${STATUSES.join(", ")}`);
+    if (m.attachments !== undefined) {
+      if (m.role !== "user" || !Array.isArray(m.attachments)) bad(`${where}.attachments should be a list, on a user message`);
+      m.attachments.forEach((a, j) => {
+        const wrong = attachmentProblem(a);
+        if (wrong) bad(`${where}.attachments[${j}]${wrong.startsWith(".") ? "" : " "}${wrong}`);
+      });
+    }
     for (const key of ["offset", "createdAt", "startedAt", "firstTokenAt", "finishedAt", "tokens", "usageTokens",
       "round"]) {
       if (!optionalNumber(m[key])) bad(`${where}.${key} should be a number`);

@@ -2,13 +2,14 @@
 // data-role and data-status; the text in `.message-body` (an answer as rendered Markdown, a prompt
 // as text); reasoning in a closed <details class="reasoning">; a footer with the state ("loading
 // qwen…", "Stopped", an error note), `.message-stats` (time to first token, tokens/s) and the actions (Edit,
-// Regenerate); a branch switcher where the message has siblings.
+// Regenerate); a branch switcher where the message has siblings; a prompt's attachments (chat/attach.js).
 //
 // `messageItem(message, actions)` builds the element; `updateItem(item, message)` refreshes it in
 // place while it streams (the <details> keeps its open/closed state); `editMessage(item, message,
 // onSave)` puts a prompt's edit form ("Edit message", "Save and send", "Cancel") in its place.
 
 import { errorSlot, field, h, showError } from "../ui.js";
+import { attachmentList } from "./attach.js";
 import { renderMarkdown } from "./markdown.js";
 import { updateToolCalls } from "./toolcalls.js";
 
@@ -60,6 +61,7 @@ export function messageItem(message, actions) {
       onclick: () => actions.onRegenerate(message) }, "Regenerate"));
   }
   item.append(head, body, h("div.message-foot", state, stats, buttons));
+  if (message.attachments && message.attachments.length) body.after(attachmentList(message.attachments));
   item.parts = { body, state, stats, reasoning: null, rendered: null, onDecide: actions.onToolDecision };
   updateItem(item, message);
   return item;

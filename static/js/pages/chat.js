@@ -4,6 +4,7 @@
 // models.js (GET /v1/models), thread.js (the messages, drawn by view.js), composer.js;
 // conversation.js (conversations in memory; store.js keeps them in IndexedDB, tree.js walks their
 // branches), runners.js (the answers streaming, one runner.js each, over the /v1 client stream.js);
+// attach.js (the composer's attachments; attachments.js reads them and checks the 16 MiB cap);
 // tools.js (the "Tools" settings, /tools with the tool key) and toolloop.js (the calls an answer
 // asks for, run, then the next answer; drawn by toolcalls.js).
 // It talks to /v1 with the inference key and to /tools with the tool key, never with the admin
@@ -14,6 +15,8 @@
 
 import { h, humanError, pageHeader, showError, toast } from "../ui.js";
 import * as store from "../chat/store.js";
+import { createAttachPicker, modalityChecks } from "../chat/attach.js";
+import { BODY_MAX_BYTES, bodyBytes, tooLargeText } from "../chat/attachments.js";
 import { createComposer } from "../chat/composer.js";
 import { createEntries, exportEntry, importConversation, newEntry, requestBody } from "../chat/conversation.js";
 import { createSidebar } from "../chat/conversations.js";
@@ -46,14 +49,24 @@ export async function render(root, page) {
       composer.input.focus();
     },
   });
-  const controls = createControls({ onChange: rememberChoices, onOpen: () => models.load() });
+  // Attachments a model cannot take are refused (chat/attach.js): at the picker, at sending, and a
+  // model chosen for a conversation that has them.
+  const modalities = modalityChecks({ controls: () => controls, attached: () => [
+    ...(current ? current.messages.values() : []), { attachments: picker.list }] });
+  const controls = createControls({ onChange: rememberChoices, onOpen: () => models.load(),
+    canChoose: modalities.canChoose });
   const models = createModelStatus({ controls, signal: page.signal, ensureKey: () => keys.ensure(),
     onRefused: (key) => keys.refused(key), onChange: () => updateComposer(),
     onListed: () => runners.markLoading((name) => models.needsLoad(name)) });
   const tools = createToolPicker({ signal: page.signal, onChange: rememberChoices });
   const thread = createThread({ onBranch: switchBranch, onEdit: startEdit, onRegenerate: regenerate,
     onToolDecision: (m, index, choice) => toolLoop.decide(m, index, choice) });
+  const picker = createAttachPicker({
+    check: (kind) => modalities.refusal(kind),
+    onProblem: (text) => showError(composer.error, text),
+  });
   const composer = createComposer({
+    extra: picker.element,
     onSend: sendMessage,
     onStop: () => {
       if (!current) return Promise.resolve();
@@ -79,6 +92,7 @@ export async function render(root, page) {
     },
     onSaveError: (err) => showError(composer.error, `The answer could not be saved in this browser: ${humanError(err)}`),
   });
+  picker.dropTarget(composer.element);
   // An answer's tool calls, run; then the next answer (after the user's Allow where a tool writes).
   const toolLoop = createToolLoop({
     entries,
@@ -212,6 +226,15 @@ export async function render(root, page) {
   // Answers `user` (already in entry.messages): one answer, or two side by side. `fresh` are the
   // new messages to save with it.
   async function answer(entry, user, choice, fresh) {
+    // The gateway takes at most 16 MiB: a request over it is not sent at all.
+    for (const model of [choice.model, choice.compareModel].filter(Boolean)) {
+      const bytes = bodyBytes(requestBody(entry, user, model, choice.params, tools.definitions(choice.tools)));
+      if (bytes > BODY_MAX_BYTES) {
+        for (const m of fresh) entry.messages.delete(m.id);
+        showError(composer.error, tooLargeText(bytes));
+        return false;
+      }
+    }
     let answers;
     try {
       answers = await entries.addAnswers(entry, user, choice, fresh);
@@ -236,7 +259,12 @@ export async function render(root, page) {
   async function sendMessage() {
     const { input } = composer;
     const text = input.value;
-    if (!text.trim()) {
+    const attachments = [...picker.list];
+    if (picker.busy) {
+      showError(composer.error, "The attachments are still being read.");
+      return;
+    }
+    if (!text.trim() && !attachments.length) {
       showError(composer.error, "Type a message first.");
       input.focus();
       return;
@@ -246,11 +274,20 @@ export async function render(root, page) {
     try {
       const choice = await ready();
       if (!choice || isBusy(current)) return;
-      const entry = current || newEntry(text, choice);
+      const refused = attachments.map((a) => modalities.refusal(a.kind)).find(Boolean);
+      if (refused) {
+        showError(composer.error, refused);
+        return;
+      }
+      const entry = current || newEntry(text.trim() ? text : attachments[0].name, choice);
       const path = visiblePath(entry.conversation, entry.messages);
       const parent = path.length ? path[path.length - 1] : null;
-      const user = entries.newMessage(entry, { role: "user", content: text, parentId: parent ? parent.id : null });
-      if (await answer(entry, user, choice, [user])) input.value = "";
+      const user = entries.newMessage(entry, { role: "user", content: text, parentId: parent ? parent.id : null,
+        ...(attachments.length ? { attachments } : {}) });
+      if (await answer(entry, user, choice, [user])) {
+        input.value = "";
+        picker.clear();
+      }
     } finally {
       sending = false;
       input.focus();
@@ -283,7 +320,8 @@ export async function render(root, page) {
       const choice = await ready();
       if (!choice || isBusy(entry)) return false;
       // A sibling of the edited message: a new branch; the old one stays as it was.
-      const user = entries.newMessage(entry, { role: "user", content: text, parentId: m.parentId });
+      const user = entries.newMessage(entry, { role: "user", content: text, parentId: m.parentId,
+        ...(m.attachments ? { attachments: m.attachments } : {}) });
       return !(await answer(entry, user, choice, [user]));
     });
   }
