@@ -21,21 +21,22 @@ failure answers:
                Mcp-Name (tools/call) .......... 400  -32020
                dispatch → result .............. 200
 
-HTTP statuses for JSON-RPC errors follow the SDK's table (`ERROR_STATUS`), so
+HTTP statuses for JSON-RPC errors follow the SDK's table (`error_status`), so
 -32602 is a 400 wherever it comes from, "unknown tool" included. A tool that
 is unknown and one the caller's scopes do not allow get the same answer, and
 a registered tool's own failure is a `CallToolResult` with `isError: true`
 (its error document in the text content, not in `structuredContent`, which
 must match the tool's outputSchema).
 
-Only the pure-pydantic `mcp_types` package is imported: the `mcp` server
-package pulls in Starlette and routes a missing header to the 2025 handshake.
+Only the pure-pydantic `mcp_types` package is imported (at its first use, `mt`): the `mcp`
+server package pulls in Starlette and routes a missing header to the 2025 handshake.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import ipaddress
 import json
 import logging
@@ -45,31 +46,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import tornado.web
-from mcp_types import (
-    CLIENT_CAPABILITIES_META_KEY,
-    PROTOCOL_VERSION_META_KEY,
-    SERVER_INFO_META_KEY,
-    CallToolResult,
-    DiscoverResult,
-    Implementation,
-    ListToolsResult,
-    ServerCapabilities,
-    TextContent,
-    Tool,
-    ToolsCapability,
-    UnsupportedProtocolVersionErrorData,
-)
-from mcp_types import methods as mcp_methods
-from mcp_types.jsonrpc import (
-    HEADER_MISMATCH,
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    PARSE_ERROR,
-    UNSUPPORTED_PROTOCOL_VERSION,
-    JSONRPCNotification,
-    JSONRPCRequest,
-)
 from pydantic import BaseModel, ValidationError
 from tornado.httputil import split_host_and_port
 
@@ -95,18 +71,42 @@ INSTRUCTIONS = (
     "downloads with models.* and downloads.*, run vLLM with runtime.*, and administer keys and "
     "settings with api_keys.* and settings.*; only the tools your key may call are listed."
 )
-SERVER_INFO = Implementation(name="vllm-use", version=__version__).model_dump(
-    by_alias=True, mode="json", exclude_none=True
-)
 
-ERROR_STATUS = {
-    PARSE_ERROR: 400,
-    INVALID_REQUEST: 400,
-    INVALID_PARAMS: 400,
-    HEADER_MISMATCH: 400,
-    UNSUPPORTED_PROTOCOL_VERSION: 400,
-    METHOD_NOT_FOUND: 404,
-}
+
+class _McpTypes:
+    """The `mcp_types` package (`mt.Tool`, `mt.PARSE_ERROR`, `mt.methods`…), imported at its first use,
+    the first /mcp request, rather than at start: its pydantic models of two protocol versions cost
+    ~0.8 s of CPU to import, which every start of vllm-use paid (most never see an MCP client)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import mcp_types
+        import mcp_types.methods
+
+        return getattr(mcp_types, name)
+
+
+mt: Any = _McpTypes()
+
+
+@functools.cache
+def server_info() -> dict[str, Any]:
+    """Our serverInfo stamp on every result."""
+    info = mt.Implementation(name="vllm-use", version=__version__)
+    return info.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+@functools.cache
+def error_status() -> dict[int, int]:
+    """The HTTP status of each JSON-RPC error code (the SDK's table); any other code is a 200."""
+    return {
+        mt.PARSE_ERROR: 400,
+        mt.INVALID_REQUEST: 400,
+        mt.INVALID_PARAMS: 400,
+        mt.HEADER_MISMATCH: 400,
+        mt.UNSUPPORTED_PROTOCOL_VERSION: 400,
+        mt.METHOD_NOT_FOUND: 404,
+    }
+
 
 _SENTINEL = re.compile(r"=\?base64\?(?P<payload>.*)\?=", re.DOTALL)
 _HEADER_TEXT = re.compile(r"[\x20-\x7e]*")
@@ -208,7 +208,7 @@ def _result(model: BaseModel) -> dict[str, Any]:
     """Every result: `resultType: "complete"` (the models' default) and our serverInfo stamp."""
     data = model.model_dump(by_alias=True, mode="json", exclude_none=True)
     data["resultType"] = "complete"
-    data.setdefault("_meta", {})[SERVER_INFO_META_KEY] = SERVER_INFO
+    data.setdefault("_meta", {})[mt.SERVER_INFO_META_KEY] = server_info()
     return data
 
 
@@ -219,10 +219,10 @@ def _tool_error(exc: VllmUseError) -> dict[str, Any]:
     strict clients (the TypeScript SDK behind the Inspector) reject one that does not.
     """
     return _result(
-        CallToolResult(
+        mt.CallToolResult(
             content=[
-                TextContent(type="text", text=f"{exc.code}: {exc.message}"),
-                TextContent(type="text", text=json.dumps(exc.to_json(), ensure_ascii=False)),
+                mt.TextContent(type="text", text=f"{exc.code}: {exc.message}"),
+                mt.TextContent(type="text", text=json.dumps(exc.to_json(), ensure_ascii=False)),
             ],
             is_error=True,
         )
@@ -317,19 +317,20 @@ class McpHandler(JsonHandler):
         try:
             decoded = json.loads(body, parse_constant=_parse_constant)
         except (ValueError, RecursionError):
-            raise RpcError(PARSE_ERROR, "Parse error: the body is not valid JSON") from None
+            raise RpcError(mt.PARSE_ERROR, "Parse error: the body is not valid JSON") from None
         if not isinstance(decoded, dict):
             raise RpcError(
-                INVALID_REQUEST, "Invalid request: send one JSON-RPC object (batches are not supported)"
+                mt.INVALID_REQUEST,
+                "Invalid request: send one JSON-RPC object (batches are not supported)",
             )
         try:
             if "id" in decoded:
-                JSONRPCRequest.model_validate(decoded)
+                mt.JSONRPCRequest.model_validate(decoded)
             else:
-                JSONRPCNotification.model_validate(decoded)
+                mt.JSONRPCNotification.model_validate(decoded)
         except ValidationError:
             raise RpcError(
-                INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 request or notification"
+                mt.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 request or notification"
             ) from None
         return decoded
 
@@ -342,20 +343,21 @@ class McpHandler(JsonHandler):
         versions = self.request.headers.get_list("MCP-Protocol-Version")
         if len(versions) != 1:
             raise RpcError(
-                HEADER_MISMATCH,
+                mt.HEADER_MISMATCH,
                 "Header mismatch: send exactly one MCP-Protocol-Version header; "
                 f"this server speaks {PROTOCOL_VERSION}",
             )
         if versions[0] != PROTOCOL_VERSION:
-            data = UnsupportedProtocolVersionErrorData(supported=[PROTOCOL_VERSION], requested=versions[0])
+            data = mt.UnsupportedProtocolVersionErrorData(supported=[PROTOCOL_VERSION], requested=versions[0])
             raise RpcError(
-                UNSUPPORTED_PROTOCOL_VERSION,
+                mt.UNSUPPORTED_PROTOCOL_VERSION,
                 f"Unsupported protocol version: this server supports only {PROTOCOL_VERSION}",
                 data.model_dump(by_alias=True, mode="json"),
             )
         if self._one_header("Mcp-Method") != method:
             raise RpcError(
-                HEADER_MISMATCH, "Header mismatch: send exactly one Mcp-Method header equal to the method"
+                mt.HEADER_MISMATCH,
+                "Header mismatch: send exactly one Mcp-Method header equal to the method",
             )
 
     def _check_meta(self, params: Any) -> None:
@@ -363,17 +365,17 @@ class McpHandler(JsonHandler):
         meta = params.get("_meta") if isinstance(params, dict) else None
         if (
             not isinstance(meta, dict)
-            or not {PROTOCOL_VERSION_META_KEY, CLIENT_CAPABILITIES_META_KEY} <= meta.keys()
+            or not {mt.PROTOCOL_VERSION_META_KEY, mt.CLIENT_CAPABILITIES_META_KEY} <= meta.keys()
         ):
             raise RpcError(
-                INVALID_PARAMS,
-                f"Invalid params: params._meta must be an object with {PROTOCOL_VERSION_META_KEY!r} and "
-                f"{CLIENT_CAPABILITIES_META_KEY!r}",
+                mt.INVALID_PARAMS,
+                f"Invalid params: params._meta must be an object with {mt.PROTOCOL_VERSION_META_KEY!r} and "
+                f"{mt.CLIENT_CAPABILITIES_META_KEY!r}",
             )
-        if meta[PROTOCOL_VERSION_META_KEY] != PROTOCOL_VERSION:
+        if meta[mt.PROTOCOL_VERSION_META_KEY] != PROTOCOL_VERSION:
             raise RpcError(
-                HEADER_MISMATCH,
-                f"Header mismatch: params._meta[{PROTOCOL_VERSION_META_KEY!r}] "
+                mt.HEADER_MISMATCH,
+                f"Header mismatch: params._meta[{mt.PROTOCOL_VERSION_META_KEY!r}] "
                 "differs from the MCP-Protocol-Version header",
             )
 
@@ -381,20 +383,20 @@ class McpHandler(JsonHandler):
         self._check_meta(params)
         serve = self._METHODS.get(method)
         if serve is None:
-            raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method[:100]}")
+            raise RpcError(mt.METHOD_NOT_FOUND, f"Method not found: {method[:100]}")
         try:
-            request = mcp_methods.parse_client_request(method, PROTOCOL_VERSION, params)
+            request = mt.methods.parse_client_request(method, PROTOCOL_VERSION, params)
         except ValidationError as exc:
-            raise RpcError(INVALID_PARAMS, _validation_message(exc)) from None
+            raise RpcError(mt.INVALID_PARAMS, _validation_message(exc)) from None
         return await serve(self, request.params)
 
     # --- methods ---------------------------------------------------------------------------------
 
     async def _discover(self, params: Any) -> dict[str, Any]:
         return _result(
-            DiscoverResult(
+            mt.DiscoverResult(
                 supported_versions=[PROTOCOL_VERSION],
-                capabilities=ServerCapabilities(tools=ToolsCapability(list_changed=False)),
+                capabilities=mt.ServerCapabilities(tools=mt.ToolsCapability(list_changed=False)),
                 instructions=INSTRUCTIONS,
                 ttl_ms=DISCOVER_TTL_MS,
                 cache_scope="private",
@@ -403,9 +405,9 @@ class McpHandler(JsonHandler):
 
     async def _list_tools(self, params: Any) -> dict[str, Any]:
         if params is not None and params.cursor is not None:
-            raise RpcError(INVALID_PARAMS, "Invalid params: unknown cursor (the list has one page)")
+            raise RpcError(mt.INVALID_PARAMS, "Invalid params: unknown cursor (the list has one page)")
         tools = [
-            Tool(
+            mt.Tool(
                 name=m.name,
                 description=m.description,
                 input_schema=m.input_schema(),
@@ -413,16 +415,17 @@ class McpHandler(JsonHandler):
             )
             for m in self.executor.visible(self.identity, Surface.MCP)
         ]
-        return _result(ListToolsResult(tools=tools, ttl_ms=TOOLS_TTL_MS, cache_scope="private"))
+        return _result(mt.ListToolsResult(tools=tools, ttl_ms=TOOLS_TTL_MS, cache_scope="private"))
 
     async def _call_tool(self, params: Any) -> dict[str, Any]:
         name: str = params.name
         mcp_name = self._one_header("Mcp-Name")
         if mcp_name is None or decode_header_value(mcp_name) != name:
             raise RpcError(
-                HEADER_MISMATCH, "Header mismatch: send exactly one Mcp-Name header equal to params.name"
+                mt.HEADER_MISMATCH,
+                "Header mismatch: send exactly one Mcp-Name header equal to params.name",
             )
-        unknown = RpcError(INVALID_PARAMS, f"Unknown tool: {name[:200]}")
+        unknown = RpcError(mt.INVALID_PARAMS, f"Unknown tool: {name[:200]}")
         try:
             result = await self.executor.call(name, params.arguments, self.identity, Surface.MCP)
         except PermissionDenied:
@@ -435,8 +438,8 @@ class McpHandler(JsonHandler):
             log.exception("tool %s failed", name)
             return _tool_error(VllmUseError(_INTERNAL))
         return _result(
-            CallToolResult(
-                content=[TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
+            mt.CallToolResult(
+                content=[mt.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
                 structured_content=result,
             )
         )
@@ -453,7 +456,7 @@ class McpHandler(JsonHandler):
         error: dict[str, Any] = {"code": err.code, "message": err.message}
         if err.data is not None:
             error["data"] = err.data
-        status = ERROR_STATUS.get(err.code, 200)
+        status = error_status().get(err.code, 200)
         log.warning("POST /mcp -> %d jsonrpc error %d", status, err.code)
         self.write_json({"jsonrpc": "2.0", "id": request_id, "error": error}, status)
 

@@ -29,8 +29,18 @@ from tests.support.deployments import (
 )
 from tests.support.gpus import GIB, TOTAL, gpu_server, gpus_file, held
 from tests.support.server import eventually, free_port, start_server
-from vllm_use.deployments.instances import SLEEP_CHECK_S, WAKE_TIMEOUT_S
+from vllm_use.deployments.instances import (
+    SLEEP_CHECK_DEFAULT_S,
+    SLEEP_CHECK_ENV,
+    SLEEP_CHECK_S,
+    WAKE_TIMEOUT_S,
+    sleep_check_s,
+)
 from vllm_use.runtime.supervisor import REAP_CAP_S, TERM_GRACE_S
+
+# The sleep check's interval for the tests that wait it out (a sleep that keeps its memory): long
+# enough for the fake's /sleep and a few NVML reads, far below the real 30 s.
+SHORT_CHECK_S = 2
 
 
 def test_the_memory_budget_holds_at_its_edge_and_nvml_must_show_the_memory_free(tmp_path: Path) -> None:
@@ -185,17 +195,19 @@ def test_sleep_and_wake_by_the_api_and_eviction_puts_a_sleeper_aside(tmp_path: P
 
 def test_a_sleep_that_keeps_the_memory_is_undone_by_a_stop(tmp_path: Path) -> None:
     """vLLM answers /sleep 200 and /is_sleeping true but NVML still shows the memory held: after the
-    check's time the instance is stopped."""
-    server = gpu_server(tmp_path, sleep_keeps_memory=1)
+    check's time the instance is stopped. The check is shortened to SHORT_CHECK_S (its test hook,
+    docs/router.md): this test waits it out."""
+    server = gpu_server(tmp_path, sleep_keeps_memory=1, env={SLEEP_CHECK_ENV: f"{SHORT_CHECK_S:g}"})
     try:
         add_deployment(server, "nap", 0.5, idle_action="sleep")
         assert load(server, "nap").json()["state"] == "ready"
         pid = instance(server, "nap")["pid"]
-        wait = SLEEP_CHECK_S + 10
+        wait = SLEEP_CHECK_S + 10  # the deadline of the default check: the short one must end well within
         r = server.fetch(f"/api/deployments/nap/sleep?wait={wait:g}", "POST", timeout=wait + 10)
         assert r.status_code == 200 and r.json()["state"] == "unloaded", r.text
         eventually(lambda: not alive(pid), timeout=TERM_GRACE_S + REAP_CAP_S)
-        assert "sleep failed" in server.log() and "still holds" in server.log()
+        assert "sleep failed" in server.log(), server.log()
+        assert f"after {SHORT_CHECK_S:g} s it still holds" in server.log(), server.log()
     finally:
         server.stop()
 
@@ -273,6 +285,8 @@ def test_the_gpu_sleep_check_tool_runs_against_the_fakes(tmp_path: Path, keeps_m
             str(vllm),
             "--start-timeout",
             str(START_TIMEOUT_S),
+            "--sleep-check",
+            str(SHORT_CHECK_S),  # the memory-kept run waits it out
         ],
         capture_output=True,
         text=True,
@@ -281,9 +295,19 @@ def test_the_gpu_sleep_check_tool_runs_against_the_fakes(tmp_path: Path, keeps_m
     )
     report = json.loads(done.stdout)
     if keeps_memory:
-        assert done.returncode == 1 and report["ok"] is False and "memory given back" in report["error"]
+        assert done.returncode == 1 and report["ok"] is False, report
+        assert report["error"] == f"TimeoutError: memory given back within {SHORT_CHECK_S:g} s", report
     else:
         assert done.returncode == 0 and report["ok"] is True, report
         assert report["awake_mib"] == int(0.5 * TOTAL) // 2**20
         assert report["asleep_mib"] < report["awake_mib"] / 10 and report["woken_mib"] == report["awake_mib"]
         assert report["completion"]
+
+
+def test_the_sleep_check_hook_takes_only_a_shorter_positive_interval() -> None:
+    """VLLM_USE_TEST_SLEEP_CHECK_S (docs/router.md, "Sleep") shortens the check, never lengthens it."""
+    assert sleep_check_s({}) == SLEEP_CHECK_DEFAULT_S == 30
+    assert sleep_check_s({SLEEP_CHECK_ENV: "2"}) == 2
+    assert sleep_check_s({SLEEP_CHECK_ENV: "30"}) == 30  # the edge: the default itself
+    for refused in ("30.5", "0", "-1", "nan", "inf", "soon", ""):
+        assert sleep_check_s({SLEEP_CHECK_ENV: refused}) == SLEEP_CHECK_DEFAULT_S, refused

@@ -54,6 +54,13 @@ def model_id(server: Server) -> str:
     return register(server, "alpha")
 
 
+@pytest.fixture(scope="module")
+def shared_model_id(shared_server: Server) -> str:
+    """A model on the module's `shared_server`, for the refusals: they save nothing (each checks
+    that no deployment is listed), so they share one server rather than start one each."""
+    return register(shared_server, "alpha")
+
+
 def names(server: Server) -> list[str]:
     r = server.fetch("/api/deployments")
     assert r.status_code == 200, r.text
@@ -125,15 +132,15 @@ def test_names_with_slashes_are_reached_percent_encoded(server: Server, model_id
     ],
 )
 def test_bad_input_is_refused_naming_the_field_and_saves_nothing(
-    server: Server, model_id: str, change: dict[str, Any], field: str | None
+    shared_server: Server, shared_model_id: str, change: dict[str, Any], field: str | None
 ) -> None:
-    r = create(server, {"name": "llama", "model_id": model_id, **change})
+    r = create(shared_server, {"name": "llama", "model_id": shared_model_id, **change})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["code"] == "invalid_arguments"
     if field is not None:
         assert error["errors"][0]["loc"][0] == field, error
-    assert names(server) == []
+    assert names(shared_server) == []
 
 
 def test_the_limits_hold_at_their_edges(server: Server, model_id: str) -> None:
@@ -180,10 +187,11 @@ def test_the_model_must_be_registered_and_ready(server: Server, model_id: str) -
     assert names(server) == []
 
 
-def test_trust_remote_code_needs_the_operators_consent(server: Server, model_id: str) -> None:
-    r = create(server, {"name": "llama", "model_id": model_id, "options": {"trust_remote_code": True}})
+def test_trust_remote_code_needs_the_operators_consent(shared_server: Server, shared_model_id: str) -> None:
+    body = {"name": "llama", "model_id": shared_model_id, "options": {"trust_remote_code": True}}
+    r = create(shared_server, body)
     assert r.status_code == 400 and "--allow-remote-code" in r.json()["error"]["message"], r.text
-    assert names(server) == []
+    assert names(shared_server) == []
 
 
 def test_an_update_changes_only_what_it_names_and_is_checked_as_a_whole(

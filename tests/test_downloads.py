@@ -992,22 +992,10 @@ def test_logs_read_back_after_exit_keep_each_line_whole(launch: Launch, hub: Fak
     assert lines == ["page\x0cbreak and line\u2028separator", "bad \ufffd byte"]
 
 
-def test_logs_survive_a_restart(launch: Launch, hub: FakeHub) -> None:
-    hub.missing(REPO)
-    server = launch()
-    model_id = register(server)
-    task_id = finished(server, start(server, model_id)["id"])["id"]
-    before = logs_of(server, task_id)
-    server.stop()
-
-    again = launch()
-    after = logs_of(again, task_id)
-    again.stop()
-
-    assert before and after == before
-
-
-def test_logs_tail_returns_only_the_last_lines(launch: Launch, hub: FakeHub) -> None:
+def test_logs_tail_returns_only_the_last_lines_and_the_logs_survive_a_restart(
+    launch: Launch, hub: FakeHub
+) -> None:
+    """One failed download (hf's lines) serves both: its logs' tail, then the same logs after a restart."""
     hub.missing(REPO)
     server = launch()
     model_id = register(server)
@@ -1022,6 +1010,12 @@ def test_logs_tail_returns_only_the_last_lines(launch: Launch, hub: FakeHub) -> 
     assert tail.status_code == 200, tail.text
     assert tail.json()["lines"] == every[-2:]
     assert bad.status_code == 400 and names_field(bad, "tail")
+
+    again = launch()
+    after = logs_of(again, task_id)
+    again.stop()
+
+    assert after == every
 
 
 # --- the time estimate (issue 17, finding 10) --------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.real_vllm import VLLM_VERSION, RealVllm, group_members, serve_vllm
+from tests.support.real_vllm import VLLM_VERSION, RealVllm, group_members, run_cache, serve_vllm
 
 
 def test_vllm_cli_reports_cpu_build_version(real_vllm: RealVllm) -> None:
@@ -34,6 +34,9 @@ def test_tiny_model_answers_chat_completion(
         names = [name for _, name in group_members(pgid)]
         assert any(name.startswith("VLLM::EngineCor") for name in names), names
         assert "VLLM::Worker" in names, names
+        # Its model-class inspection is kept in the run's cache, which every later start reads
+        # rather than inspect again in a subprocess (tests/support/real_vllm.py, `run_cache`).
+        assert list((run_cache() / "modelinfos").glob("*LlamaForCausalLM.json")), server.log()[-2000:]
 
         body = {
             "model": "tiny",

@@ -1,14 +1,17 @@
 """Check vLLM's sleep mode on a GPU machine, as vllm-use uses it (docs/router.md, "Sleep").
 
     python tools/gpu_sleep_check.py MODEL [--vllm-bin vllm] [--gpu-memory-utilization 0.5]
+        [--sleep-check 30]
 
 It serves MODEL (a local directory or a Hub id vLLM can load) with `--enable-sleep-mode` and
 `VLLM_SERVER_DEV_MODE=1`, then: reads the GPU memory NVML shows held by vLLM's process group,
 `POST /sleep?level=1`, waits for `/is_sleeping`, reads NVML again, `POST /wake_up`, waits, and asks
 for one completion. It prints one JSON object (times in seconds, memory in MiB) and exits 0 when
 asleep the group held less than 10 % of its memory awake (vllm-use's rule) and the completion came
-back; 1 otherwise. The server's output goes to a log file named in the JSON. It never needs
-vllm-use; run it with the Python that has `pynvml` (nvidia-ml-py).
+back; 1 otherwise. `--sleep-check` is how long the memory may take to be given back after
+`/is_sleeping` says true (vllm-use's 30 s; its tests shorten it). The server's output goes to a
+log file named in the JSON. It never needs vllm-use; run it with the Python that has `pynvml`
+(nvidia-ml-py).
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-bin", default="vllm")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--start-timeout", type=float, default=900)
+    parser.add_argument("--sleep-check", type=float, default=30)
     args = parser.parse_args(argv)
 
     port = free_port()
@@ -119,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         call(port, "POST", "/sleep?level=1", timeout=300)
         report["sleep_call_s"] = round(time.monotonic() - started, 2)
         wait_for(lambda: call(port, "GET", "/is_sleeping")["is_sleeping"] is True, 60, "/is_sleeping true")
-        freed = wait_for(lambda: group_memory(proc.pid) < SLEPT_SHARE * awake, 30, "memory given back")
+        freed = wait_for(
+            lambda: group_memory(proc.pid) < SLEPT_SHARE * awake, args.sleep_check, "memory given back"
+        )
         report["asleep_mib"] = group_memory(proc.pid) // 2**20
         report["memory_freed_after_s"] = round(freed, 2)
         started = time.monotonic()

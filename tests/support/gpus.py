@@ -30,9 +30,11 @@ def nvml_env(nvml: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(FAKE_NVML), "FAKE_NVML_DIR": str(nvml)}
 
 
-def gpu_server(tmp_path: Path, *flags: str, external: int = 0, **knobs: object) -> Server:
+def gpu_server(
+    tmp_path: Path, *flags: str, external: int = 0, env: dict[str, str] | None = None, **knobs: object
+) -> Server:
     """vllm-use on a machine with one 80 GiB GPU (the fake NVML, its files in tmp_path/nvml), its
-    instances the fake vLLM with `knobs`."""
+    instances the fake vLLM with `knobs`; `env` adds to vllm-use's environment."""
     nvml = tmp_path / "nvml"
     nvml.mkdir()
     gpus_file(nvml, external=external)
@@ -45,7 +47,7 @@ def gpu_server(tmp_path: Path, *flags: str, external: int = 0, **knobs: object) 
         "--runtime-ports",
         f"{first}-{first + 9}",
         *flags,
-        env=nvml_env(nvml),
+        env={**nvml_env(nvml), **(env or {})},
     )
 
 

@@ -29,6 +29,7 @@ EngineCore and Worker, which is why `stop()` signals the group.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import os
@@ -115,10 +116,28 @@ def fixture_real_vllm() -> RealVllm:
     return require_vllm_install()
 
 
-def vllm_child_env(scratch: Path, tmp: Path | None = None) -> dict[str, str]:
-    """An environment for a vLLM child that writes nothing outside `scratch`/`tmp` and asks no network.
+@functools.cache
+def run_cache() -> Path:
+    """vLLM's cache (VLLM_CACHE_ROOT) for every vLLM this test process starts, made on first use and
+    removed when the run ends (`pytest_unconfigure`): it starts empty, as on a cold CI machine.
 
-    Measured: without these, vLLM writes `~/.cache/vllm/modelinfos/` (XDG_CACHE_HOME moves it), and
+    Measured: on a cache miss each `vllm serve` inspects the model's class in a subprocess that
+    imports torch and vLLM (`Registry inspect model class`, ~14 s of CPU on 2 cores) and saves the
+    answer under `modelinfos/`; every later start in the run reads it in under 1 ms. vLLM writes it
+    atomically, so starts at once (two instances) only race to write the same file."""
+    return Path(tempfile.mkdtemp(prefix="vllm-use-tests-vllm-cache-"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if run_cache.cache_info().currsize:
+        shutil.rmtree(run_cache(), ignore_errors=True)
+
+
+def vllm_child_env(scratch: Path, tmp: Path | None = None) -> dict[str, str]:
+    """An environment for a vLLM child that writes nothing outside `scratch`/`tmp` and the run's
+    `run_cache()`, and asks no network.
+
+    Measured: without these, vLLM writes `~/.cache/vllm/modelinfos/` (VLLM_CACHE_ROOT moves it), and
     its ZMQ sockets, `vllm_dist_*` files and `torchinductor_<user>/` under TMPDIR (left behind even
     after a clean exit). TMPDIR must stay short: a ZMQ socket path there is TMPDIR + 37 characters and
     must fit in 107, or the engine fails to start. Its only outbound call is a UDP connect to 8.8.8.8
@@ -132,6 +151,7 @@ def vllm_child_env(scratch: Path, tmp: Path | None = None) -> dict[str, str]:
     env.update(
         XDG_CACHE_HOME=str(scratch / "cache"),
         XDG_CONFIG_HOME=str(scratch / "config"),
+        VLLM_CACHE_ROOT=str(run_cache()),  # shared by the run's starts (vllm-use passes it on)
         TMPDIR=str(tmp),
         HF_HOME=str(scratch / "cache" / "huggingface"),
         HF_HUB_OFFLINE="1",

@@ -80,7 +80,23 @@ _LISTED = {
     InstanceState.WAKING: "loading",
 }
 DEFAULT_GPU_SHARE = 0.9  # vLLM's --gpu-memory-utilization when the options leave it unset
-SLEEP_CHECK_S = 30.0  # after /sleep: /is_sleeping true and the memory below SLEPT_SHARE within this
+SLEEP_CHECK_DEFAULT_S = 30.0  # after /sleep: /is_sleeping true and the memory below SLEPT_SHARE within this
+# Test hook (docs/router.md, "Sleep"): a test that waits the check out (a sleep that keeps its memory)
+# starts vllm-use with a shorter one; read once, at start. Only a number in (0, 30] is taken.
+SLEEP_CHECK_ENV = "VLLM_USE_TEST_SLEEP_CHECK_S"
+
+
+def sleep_check_s(environ: dict[str, str] | None = None) -> float:
+    """The sleep check's interval: SLEEP_CHECK_DEFAULT_S, or a shorter one from SLEEP_CHECK_ENV."""
+    raw = (os.environ if environ is None else environ).get(SLEEP_CHECK_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return SLEEP_CHECK_DEFAULT_S
+    return value if 0 < value <= SLEEP_CHECK_DEFAULT_S else SLEEP_CHECK_DEFAULT_S
+
+
+SLEEP_CHECK_S = sleep_check_s()
 SLEPT_SHARE = 0.10  # of the group's memory awake
 WAKE_TIMEOUT_S = 120.0  # after /wake_up: /is_sleeping false within this
 CHECK_EVERY_S = 0.25  # how often those are looked at
@@ -807,7 +823,7 @@ class Instances:
             body=b"" if method == "POST" else None,
             follow_redirects=False,
             connect_timeout=5,
-            request_timeout=SLEEP_CHECK_S,
+            request_timeout=SLEEP_CHECK_DEFAULT_S,
         )
         try:
             response = await AsyncHTTPClient().fetch(request, raise_error=False)
