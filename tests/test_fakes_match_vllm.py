@@ -52,6 +52,15 @@ CHAT = {
 PROMPT = {"model": "tiny", "prompt": "one two three four five", "temperature": 0}
 RESPONSE = {"model": "tiny", "input": "one two three four five", "temperature": 0}
 MESSAGE = {**CHAT, "max_tokens": 3}
+TOOL_PARSER = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_datetime",
+        "description": "The current date and time.",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    },
+}
 STREAMS = {
     "/v1/chat/completions": {**CHAT, "max_tokens": 3, "stream": True},
     "/v1/completions": {**PROMPT, "max_tokens": 3, "stream": True},
@@ -67,7 +76,8 @@ STREAMS = {
 def real(
     real_vllm: RealVllm, tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
-    extra = ("--api-key", KEY, "--max-model-len", str(MAX_MODEL_LEN))
+    # The tool parser the chat's deployments use (docs/chat.md, Tools): it streams the forced call.
+    extra = ("--api-key", KEY, "--max-model-len", str(MAX_MODEL_LEN), *TOOL_PARSER)
     with serve_vllm(
         real_vllm, tiny_models[0], tmp_path_factory.mktemp("real-vllm"), extra_args=extra
     ) as server:
@@ -477,6 +487,28 @@ def test_events_with_names_come_in_the_same_order_with_the_same_shapes(
     answers = each(targets, lambda url: streamed(url, path, STREAMS[path]))
     names = [name for name, _ in answers["vllm"][2]]
     assert names[0] in ("response.created", "message_start") and None not in names  # an event: line each
+    assert_fakes_answer_like_vllm(answers)
+
+
+@pytest.mark.parametrize("include_usage", [False, True], ids=["plain", "include-usage"])
+def test_a_tool_call_streams_in_the_same_chunks(targets: dict[str, str], include_usage: bool) -> None:
+    """The chunks the chat's tool loop folds (static/js/chat/stream.js): `tool_choice: "required"`
+    makes the real tiny model call the tool through the hermes parser (its arguments are noise, cut
+    by max_tokens: only shapes are compared). The fake `vllm` executable serves no tool calls."""
+    body = {
+        **CHAT,
+        "max_tokens": 60,  # the parser's first delta needs the call's name: ~45 characters in
+        "stream": True,
+        "stream_options": {"include_usage": include_usage},
+        "tools": [TOOL],
+        "tool_choice": "required",
+    }
+    chat = "/v1/chat/completions"
+    answers = {name: streamed(url, chat, body) for name, url in targets.items() if name != "fake_vllm"}
+    status, _, events, clean = answers["vllm"]
+    assert (status, clean) == (200, True)
+    deltas = [shape_of for _, shape_of in events if shape_of != "[DONE]"]
+    assert any("tool_calls" in json.dumps(d) for d in deltas), events  # the real model did call it
     assert_fakes_answer_like_vllm(answers)
 
 

@@ -289,6 +289,24 @@ class ToolCall:
         }
 
 
+def forced_tool_call(body: dict[str, Any]) -> tuple[list[ToolCall], str] | None:
+    """The call vLLM makes whatever the model would say, and its finish reason: with `tools`, a
+    `tool_choice` of "required" calls the first tool ("tool_calls"), one naming a function calls
+    that one ("stop", as vLLM 0.32 ends a named call). The fake's arguments are `{}`. None when
+    the request forces no call."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not isinstance(tools, list) or not tools:
+        return None
+    if choice == "required":
+        first = tools[0].get("function") if isinstance(tools[0], dict) else None
+        name = first.get("name") if isinstance(first, dict) else None
+        return ([ToolCall(name, "{}")], "tool_calls") if isinstance(name, str) else None
+    named = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(named, dict) and isinstance(named.get("name"), str):
+        return [ToolCall(named["name"], "{}")], "stop"
+    return None
+
+
 def models(names: list[str], root: str, max_model_len: int) -> dict[str, Any]:
     created = int(time.time())
     permission = {
@@ -612,39 +630,47 @@ class ChatStream(Stream):
         }
         return self._chunk(choice)
 
-    def tool_calls(self, calls: list[ToolCall], fragment: int = 8) -> list[bytes]:
-        """The chunks of tool calls, as vLLM streams them: per call a first delta with its index, id,
-        type and name (arguments ""), then its arguments in fragments of `fragment` characters (at
-        most 16 fragments: longer ones for long arguments); the last chunk has `finish_reason`
-        "tool_calls". Then the end (usage, [DONE])."""
-        chunks: list[bytes] = []
+    def tool_calls(
+        self, calls: list[ToolCall], fragment: int = 8, finish_reason: str = "tool_calls"
+    ) -> list[bytes]:
+        """The chunks of tool calls, as vLLM 0.32's tool parser streams them (compared with the real
+        one in tests/test_fakes_match_vllm.py): each delta is `{"content": null, "tool_calls": [one]}`;
+        per call a first one with its id, type, index and name (no arguments key), then its
+        arguments in fragments of `fragment` characters (at least 2, at most 16 fragments: shorter
+        ones for short arguments, longer ones for long arguments); the last chunk has `finish_reason` ("tool_calls"; "stop" for a named
+        tool_choice). Then the end as `end` has it (usage, [DONE])."""
         deltas: list[dict[str, Any]] = []
         for index, call in enumerate(calls):
-            head = {
-                "index": index,
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": ""},
-            }
-            deltas.append(head)
-            step = max(fragment, -(-len(call.arguments) // 16))
+            deltas.append(
+                {"id": call.id, "type": "function", "index": index, "function": {"name": call.name}}
+            )
+            # 2 to 16 fragments, as a model's tokens come (a last one carries the finish reason)
+            step = max(1, min(max(fragment, -(-len(call.arguments) // 16)), -(-len(call.arguments) // 2)))
             for at in range(0, len(call.arguments), step):
                 deltas.append({"index": index, "function": {"arguments": call.arguments[at : at + step]}})
+        chunks: list[bytes] = []
         for n, delta in enumerate(deltas):
             self.tokens += 1
             last = n == len(deltas) - 1
-            choice = {
+            choice: dict[str, Any] = {
                 "index": 0,
-                "delta": {"tool_calls": [delta]},
+                "delta": {"content": None, "tool_calls": [delta]},
                 "logprobs": None,
-                "finish_reason": "tool_calls" if last else None,
-                "token_ids": None,
+                "finish_reason": finish_reason if last else None,
             }
             if last:
                 choice["stop_reason"] = None
-            chunks.append(self._chunk(choice))
-        if self.include_usage:
-            chunks.append(self._chunk(None, usage=_usage(self.prompt_tokens, self.tokens, details=False)))
+            choice["token_ids"] = None
+            if not last:
+                chunks.append(self._chunk(choice))
+            elif self.include_usage:
+                usage = _usage(self.prompt_tokens, self.tokens, details=False)
+                chunks += [
+                    self._chunk(choice),
+                    self._chunk(None, usage=usage, system_fingerprint=SYSTEM_FINGERPRINT),
+                ]
+            else:
+                chunks.append(self._chunk(choice, system_fingerprint=SYSTEM_FINGERPRINT))
         return [*chunks, sse("[DONE]")]
 
     def end(self, last: str, finish_reason: str = "stop") -> list[bytes]:

@@ -53,7 +53,9 @@ Knobs (set from the test thread; read by the handlers as they run):
                         a str is that answer's text; a list of ``shapes.ToolCall`` is an answer
                         with those tool calls (streamed as vLLM does with a tool-call parser,
                         finish reason ``tool_calls``). Every request body is recorded, so a test
-                        reads what the ``tool`` messages carried
+                        reads what the ``tool`` messages carried. Unscripted, a request whose
+                        ``tool_choice`` is "required" or names a function gets that call, as from
+                        vLLM (``shapes.forced_tool_call``)
     down() / up()       stop listening (connections refused) / listen again on the same port
 
 ``reset()`` clears the records and the knobs. ``stop()`` ends endless streams and closes every open
@@ -351,15 +353,18 @@ class _Handler(tornado.web.RequestHandler):
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         shapes.check_max_tokens(limit, self.fake.max_model_len)
         prompt = " ".join(shapes.text_of(m.get("content")) for m in messages if isinstance(m, dict))
-        turn = self.fake._next_turn()
+        turn: str | list[shapes.ToolCall] | None = self.fake._next_turn()
+        finish = "tool_calls"
+        if turn is None and (forced := shapes.forced_tool_call(body)) is not None:
+            turn, finish = forced  # vLLM calls the tool that tool_choice asks for
         if isinstance(turn, list):  # tool calls
-            generated = replace(self._generated(model, prompt, limit), text="", finish_reason="tool_calls")
+            generated = replace(self._generated(model, prompt, limit), text="", finish_reason=finish)
             if not body.get("stream"):
                 self._json(shapes.chat_completion(replace(generated, tool_calls=turn)))
                 return
             self.set_header("Content-Type", shapes.SSE_CONTENT_TYPE)
             stream = shapes.ChatStream(model, _tokens(prompt), self._usage_options(body))
-            for chunk in [*stream.start(), *stream.tool_calls(turn)]:
+            for chunk in [*stream.start(), *stream.tool_calls(turn, finish_reason=finish)]:
                 if self.fake.word_interval:
                     await asyncio.sleep(self.fake.word_interval)
                 await self._send(chunk)
