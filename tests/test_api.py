@@ -245,7 +245,7 @@ def test_methods_listing_matches_the_registry(shared_server: Server) -> None:
     create = by_name["api_keys.create"]
     assert create["scope"] == {"api": "admin.write", "mcp": "mcp.admin"}
     assert create["input_schema"]["additionalProperties"] is False
-    assert create["input_schema"]["properties"]["scopes"]["maxItems"] == len(Scope) == 8
+    assert create["input_schema"]["properties"]["scopes"]["maxItems"] == len(Scope) == 9
     assert by_name["test"]["public"] is True
 
 

@@ -54,7 +54,7 @@ def test_a_flood_of_refused_credentials_never_evicts_audit_records_and_is_counte
         before = recent(server)["auth_failures"]
         assert before == {
             "total": 0,
-            "by_surface": {"api": 0, "mcp": 0, "gateway": 0, "tools": 0},
+            "by_surface": {"api": 0, "mcp": 0, "gateway": 0, "tools": 0, "metrics": 0},
             "last_at": None,
         }
 
@@ -74,7 +74,7 @@ def test_a_flood_of_refused_credentials_never_evicts_audit_records_and_is_counte
         assert all(rec["status"] == 200 and rec["key_id"] for rec in answer["requests"])
         failures = answer["auth_failures"]
         assert failures["total"] == 309
-        assert failures["by_surface"] == {"api": 5, "mcp": 4, "gateway": 300, "tools": 0}
+        assert failures["by_surface"] == {"api": 5, "mcp": 4, "gateway": 300, "tools": 0, "metrics": 0}
         assert failures["last_at"].endswith("Z")
         assert answer["corrupt"] == []
     finally:

@@ -74,7 +74,8 @@ def build_database(
 
 def add_v1_rows(conn: sqlite3.Connection) -> None:
     conn.execute(
-        "INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO api_keys (id, name, prefix, salt, hash, enabled, scopes, created_at, last_used_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         ("k" * 24, "ci", "vu_abcd", "00" * 16, "11" * 32, 1, '["inference"]', 1_700_000_000_000, None),
     )
     conn.execute("INSERT INTO settings VALUES (?, ?, ?)", ("theme", "dark", 1_700_000_000_000))

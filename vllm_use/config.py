@@ -25,6 +25,7 @@ from vllm_use.fields import has_control
 
 ENV_PREFIX = "VLLM_USE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 _ALIAS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$")
 
 
@@ -178,11 +179,14 @@ def _port_range(values: _Values, name: str) -> range:
     return range(first, last + 1)
 
 
-def _log_level(values: _Values, name: str) -> str:
-    level = _text(max_len=16)(values, name).lower()
-    if level not in LOG_LEVELS:
-        raise ConfigError(values.label(name), f"must be one of {', '.join(LOG_LEVELS)}")
-    return level
+def _choice(allowed: tuple[str, ...]) -> Reader:
+    def read(values: _Values, name: str) -> str:
+        value = _text(max_len=16)(values, name).lower()
+        if value not in allowed:
+            raise ConfigError(values.label(name), f"must be one of {', '.join(allowed)}")
+        return value
+
+    return read
 
 
 def _aliases(values: _Values, name: str) -> dict[str, str]:
@@ -381,7 +385,22 @@ class Config:
     tools_timeout: int = field(
         metadata=option("seconds one /tools call may run, at most", 60, _integer(1, 3600))
     )
-    log_level: str = field(metadata=option("debug, info, warning or error", "info", _log_level))
+    log_level: str = field(metadata=option("debug, info, warning or error", "info", _choice(LOG_LEVELS)))
+    log_format: str = field(
+        metadata=option(
+            "text, or json: one JSON object per line for journald and log shippers (docs/observability.md)",
+            "text",
+            _choice(LOG_FORMATS),
+        )
+    )
+    metrics_public: bool = field(
+        metadata=option(
+            "serve GET /metrics without a key (else a key with the metrics scope; docs/observability.md)",
+            False,
+            _switch,
+            switch=True,
+        )
+    )
     # Derived, not options:
     upstream_explicit: bool = False  # --upstream was given (else: the runtime's own port)
     secrets_on_command_line: tuple[str, ...] = ()  # flags whose secret was given in argv (warned at start)

@@ -12,6 +12,7 @@ from vllm_use.errors import ModelNotFound, ModelNotLoaded, UpstreamUnavailable
 from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import RuntimeState
 from vllm_use.scopes import Identity, Surface
+from vllm_use.usage.ledger import UsageLedger
 
 if TYPE_CHECKING:
     from vllm_use.deployments.instances import Instances
@@ -44,6 +45,7 @@ class AppContext:
     instances: Instances  # the deployments' vLLM children (docs/router.md)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     tools: Toolbox | None = None  # /tools: None when off (docs/tools.md)
+    usage: UsageLedger = field(default_factory=UsageLedger)  # today's tokens per key
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)

@@ -1,7 +1,7 @@
 """Scopes, surfaces and identities: who may call what, decided in one place (docs/security.md).
 
 A credential is first checked against the *surface* it arrives on (admin HTTP
-`/api`, MCP `/mcp`, gateway `/v1`, tools `/tools`): one with no scope for that surface is not a
+`/api`, MCP `/mcp`, gateway `/v1`, tools `/tools`, metrics `/metrics`): one with no scope for that surface is not a
 credential there at all (401). Then the method's scope for that surface decides
 (403 on /api, "unknown tool" on /mcp). No scope crosses surfaces, and
 `admin.write` does not imply `admin.read`.
@@ -18,6 +18,7 @@ class Surface(enum.StrEnum):
     MCP = "mcp"
     GATEWAY = "gateway"
     TOOLS = "tools"
+    METRICS = "metrics"
 
 
 class Scope(enum.StrEnum):
@@ -29,6 +30,7 @@ class Scope(enum.StrEnum):
     MCP_ADMIN = "mcp.admin"
     INFERENCE = "inference"
     TOOLS = "tools"  # POST /tools: run the enabled tools (docs/tools.md); implied by no other scope
+    METRICS = "metrics"  # GET /metrics: read counters and vLLM's metrics (docs/observability.md)
 
 
 SURFACE_SCOPES: dict[Surface, frozenset[Scope]] = {
@@ -36,6 +38,7 @@ SURFACE_SCOPES: dict[Surface, frozenset[Scope]] = {
     Surface.MCP: frozenset({Scope.MCP_READ, Scope.MCP_MODELS, Scope.MCP_RUNTIME, Scope.MCP_ADMIN}),
     Surface.GATEWAY: frozenset({Scope.INFERENCE}),
     Surface.TOOLS: frozenset({Scope.TOOLS}),
+    Surface.METRICS: frozenset({Scope.METRICS}),
 }
 
 ALL_SCOPES: frozenset[str] = frozenset(s.value for s in Scope)

@@ -55,7 +55,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 OPTION = "--data-dir"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # DDL of each version, kept as plain SQL so a test can build an old database with stdlib sqlite3.
 # Never edit a published version; add a new one.
@@ -145,10 +145,33 @@ SCHEMA_V4: tuple[str, ...] = (
     )""",
     "CREATE INDEX deployments_model ON deployments (model_id)",
 )
+# Observability (docs/observability.md): a key's policy (NULL: no such limit; `models` is a JSON array
+# of deployment names and aliases), each audit record's deployment and token counts (NULL: not
+# known), and the daily token rollups per key and deployment that outlive the audit cap (`day` is
+# the UTC date YYYY-MM-DD; `deployment` is '' for a request that named no deployment).
+SCHEMA_V5: tuple[str, ...] = (
+    "ALTER TABLE api_keys ADD COLUMN expires_at INTEGER NULL",
+    "ALTER TABLE api_keys ADD COLUMN models TEXT NULL",
+    "ALTER TABLE api_keys ADD COLUMN rpm INTEGER NULL",
+    "ALTER TABLE api_keys ADD COLUMN max_concurrent INTEGER NULL",
+    "ALTER TABLE api_keys ADD COLUMN tokens_per_day INTEGER NULL",
+    "ALTER TABLE audit_records ADD COLUMN deployment TEXT NULL",
+    "ALTER TABLE audit_records ADD COLUMN prompt_tokens INTEGER NULL",
+    "ALTER TABLE audit_records ADD COLUMN completion_tokens INTEGER NULL",
+    """CREATE TABLE usage_daily (
+        day TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        deployment TEXT NOT NULL,
+        requests INTEGER NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        PRIMARY KEY (day, key_id, deployment)
+    )""",
+)
 # SCHEMA_DDL[n] is the DDL that takes version n to n+1.
-SCHEMA_DDL: list[tuple[str, ...]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4]
+SCHEMA_DDL: list[tuple[str, ...]] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5]
 EXPECTED_TABLES = frozenset(
-    {"api_keys", "settings", "audit_records", "models", "download_tasks", "deployments"}
+    {"api_keys", "settings", "audit_records", "models", "download_tasks", "deployments", "usage_daily"}
 )
 
 # busy_timeout first so the journal_mode switch waits for another connection's lock instead of
@@ -192,6 +215,11 @@ class ApiKeyTable(_Table):
     scopes = peewee.TextField()  # JSON array of strings
     created_at = peewee.IntegerField()  # unix ms
     last_used_at = peewee.IntegerField(null=True)  # unix ms
+    expires_at = peewee.IntegerField(null=True)  # unix ms; NULL: never
+    models = peewee.TextField(null=True)  # JSON array of deployment names/aliases; NULL: every model
+    rpm = peewee.IntegerField(null=True)  # requests per minute; NULL: no limit
+    max_concurrent = peewee.IntegerField(null=True)  # requests at once
+    tokens_per_day = peewee.IntegerField(null=True)  # prompt + completion tokens per UTC day
 
     class Meta:
         table_name = "api_keys"
@@ -217,6 +245,9 @@ class AuditTable(_Table):
     duration_ms = peewee.FloatField()
     stream = peewee.IntegerField()  # 0/1
     created_at = peewee.IntegerField(index=True)  # unix ms
+    deployment = peewee.TextField(null=True)  # the deployment that served it; NULL: none
+    prompt_tokens = peewee.IntegerField(null=True)  # from the response's usage; NULL: not known
+    completion_tokens = peewee.IntegerField(null=True)
 
     class Meta:
         table_name = "audit_records"
@@ -274,6 +305,19 @@ class DeploymentTable(_Table):
         table_name = "deployments"
 
 
+class UsageDailyTable(_Table):
+    day = peewee.TextField()  # UTC date, YYYY-MM-DD
+    key_id = peewee.TextField()
+    deployment = peewee.TextField()  # '' when the request named no deployment
+    requests = peewee.IntegerField()
+    prompt_tokens = peewee.IntegerField()
+    completion_tokens = peewee.IntegerField()
+
+    class Meta:
+        table_name = "usage_daily"
+        primary_key = peewee.CompositeKey("day", "key_id", "deployment")
+
+
 TABLES: tuple[type[peewee.Model], ...] = (
     ApiKeyTable,
     SettingTable,
@@ -281,6 +325,7 @@ TABLES: tuple[type[peewee.Model], ...] = (
     ModelTable,
     DownloadTaskTable,
     DeploymentTable,
+    UsageDailyTable,
 )
 
 

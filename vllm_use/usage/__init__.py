@@ -1,0 +1,1 @@
+"""Token accounting: what each key used, per day and deployment (docs/observability.md)."""
