@@ -370,5 +370,11 @@ def test_refusals_are_counted_by_surface_with_the_last_time() -> None:
     for surface in (Surface.GATEWAY, Surface.GATEWAY, Surface.MCP):
         failures.record(surface)
     snap = failures.snapshot()
-    assert snap["total"] == 3 and snap["by_surface"] == {"api": 0, "mcp": 1, "gateway": 2, "tools": 0, "metrics": 0}
+    assert snap["total"] == 3 and snap["by_surface"] == {
+        "api": 0,
+        "mcp": 1,
+        "gateway": 2,
+        "tools": 0,
+        "metrics": 0,
+    }
     assert snap["last_at"] is not None and snap["last_at"] <= now_ms()

@@ -27,7 +27,15 @@ from vllm_use.scopes import ADMIN_WRITE, KEYS_READ, Scope, Surface
 log = logging.getLogger(__name__)
 
 ScopeName = Literal[
-    "admin.read", "admin.write", "mcp.read", "mcp.models", "mcp.runtime", "mcp.admin", "inference", "tools", "metrics"
+    "admin.read",
+    "admin.write",
+    "mcp.read",
+    "mcp.models",
+    "mcp.runtime",
+    "mcp.admin",
+    "inference",
+    "tools",
+    "metrics",
 ]
 KeyName = Annotated[
     str,
