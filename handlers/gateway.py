@@ -100,6 +100,13 @@ class GatewaySurface(JsonHandler):
         self._client_gone = False
         self._upstream_broke = False
         self._stopped = False  # canceled by DELETE /v1/stream
+        # What the observers read in on_finish (docs/observability.md): the deployment that served
+        # the request (router mode), the tokens of the response's usage (None: not known) and when
+        # its first byte went out (perf_counter).
+        self.deployment: str | None = None
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.first_byte_at: float | None = None
         # set_default_headers ran in __init__, before request_id existed (it runs again after clear()).
         self.set_header("X-Request-ID", self.request_id)
 
@@ -182,6 +189,10 @@ class GatewaySurface(JsonHandler):
         if identity is None or identity.key_id is None:
             return
         self.app.live.remove(identity.key_id, getattr(self, "_live_token", 0))
+        status = (
+            502 if self._upstream_broke else 499 if self._client_gone or self._stopped else self.get_status()
+        )
+        duration_ms = (time.perf_counter() - self.started) * 1000
         self.app.audit.record(
             audit_id=self.audit_id,
             request_id=self.request_id,
@@ -189,12 +200,8 @@ class GatewaySurface(JsonHandler):
             method=self.request.method or "",
             path=self.request.path,
             model=self.model_sent,
-            status=502
-            if self._upstream_broke
-            else 499
-            if self._client_gone or self._stopped
-            else self.get_status(),
-            duration_ms=(time.perf_counter() - self.started) * 1000,
+            status=status,
+            duration_ms=duration_ms,
             stream=self.streamed,
         )
 
@@ -296,7 +303,7 @@ class RelayHandler(GatewaySurface):
         return json.dumps(listing).encode()
 
     async def _relay(self, method: str, body: bytes | None, rewrite: Any = None) -> None:
-        deployment = self.app.instances.deployment_of(self.model_sent)
+        deployment = self.deployment = self.app.instances.deployment_of(self.model_sent)
         loading = deployment is not None and self.app.instances.target(deployment) is None
         if deployment is not None and loading and not self.app.config.no_autoload:
             # Not a byte is sent until the instance is ready, so a failed load is still an error status.
@@ -401,6 +408,7 @@ class RelayHandler(GatewaySurface):
         self.set_header("Pragma", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
         self._headers_sent = True
+        self.first_byte_at = time.perf_counter()
 
     async def _relay_chunk(self, upstream: Exchange, chunk: bytes) -> bool:
         """Write one piece of the body to the client and wait for the flush (backpressure: the next
