@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from tests.fakes import FAKE_VLLM
 from tests.fakes.upstream import FakeUpstream
-from tests.support.real_vllm import RealVllm, VllmServer, group_members, serve_vllm
+from tests.support.real_vllm import RealVllm, VllmServer, group_members, run_cache, serve_vllm
 from tests.support.server import Server, eventually, free_port, start_server
 from vllm_use.gateway.upstream import IDLE_TIMEOUT_S
 
@@ -81,7 +82,32 @@ def real(
     with serve_vllm(
         real_vllm, tiny_models[0], tmp_path_factory.mktemp("real-vllm"), extra_args=extra
     ) as server:
+        pgid = server.pgid
         yield server
+    assert group_members(pgid) == [], "vLLM processes outlived stop()"
+
+
+def test_the_real_vllm_runs_as_one_process_group_and_answers(real: VllmServer) -> None:
+    """What the other real-vLLM tests stand on: the whole tree shares the leader's group (one killpg
+    reaches EngineCore and Worker too), the model-class inspection is kept in the run's cache (every
+    later start reads it rather than inspect again in a subprocess: tests/support/real_vllm.py,
+    `run_cache`), and the tiny model answers."""
+    names = [name for _, name in group_members(real.pgid)]
+    assert any(name.startswith("VLLM::EngineCor") for name in names), names
+    assert "VLLM::Worker" in names, names
+    assert list((run_cache() / "modelinfos").glob("*LlamaForCausalLM.json")), real.log()[-2000:]
+    r = httpx.post(
+        real.base_url + "/v1/chat/completions",
+        json={**CHAT, "max_tokens": 8},
+        headers=AUTH,
+        timeout=60,
+        trust_env=False,
+    )
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    assert reply["model"] == "tiny" and reply["choices"][0]["message"]["role"] == "assistant"
+    assert isinstance(reply["choices"][0]["message"]["content"], str)
+    assert reply["usage"]["completion_tokens"] >= 1
 
 
 @pytest.fixture(scope="module")

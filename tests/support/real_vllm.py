@@ -92,10 +92,12 @@ class RealVllm:
         return self.venv / "bin" / "python"
 
     def version(self) -> str:
+        """The installed distribution's version, from its metadata (no import of vLLM)."""
+        code = "from importlib.metadata import version; print(version('vllm'))"
         out = subprocess.run(
-            [str(self.vllm), "--version"], capture_output=True, text=True, timeout=120, check=True
+            [str(self.python), "-c", code], capture_output=True, text=True, timeout=60, check=True
         )
-        return out.stdout.strip().splitlines()[-1]
+        return out.stdout.strip()
 
 
 def require_vllm_install(venv: Path = VLLM_VENV) -> RealVllm:
