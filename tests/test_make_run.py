@@ -182,7 +182,9 @@ def test_make_vllm_refuses_an_unknown_build(tmp_path: Path) -> None:
 
 # What a `make` running these tests hands its children (`make test ARGS=…` puts ARGS there): a
 # `make` the test starts must not inherit it.
-MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")
+# make's own, and ARGS: a variable given on make's command line (`make test ARGS=…`) reaches the
+# recipes' environment, and the `make vllm` run here would take it as its own.
+MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL", "ARGS")
 
 
 def own_env(*drop: str) -> dict[str, str]:
