@@ -107,5 +107,13 @@ def test_readyz_waits_for_the_load_on_start_deployment_and_livez_answers_through
         r = server.fetch("/api/deployments/boot/unload", "POST", timeout=START_TIMEOUT_S)
         assert r.status_code == 200, r.text
         assert reasons(server) is None
+        # A new deployment of that name, saved with load_on_start, is another one: not ready since start.
+        assert server.fetch("/api/deployments/boot", "DELETE").status_code == 200
+        assert reasons(server) is None
+        model_id = server.fetch("/api/deployments/later").json()["model_id"]
+        assert (
+            create(server, {"name": "boot", "model_id": model_id, "load_on_start": True}).status_code == 201
+        )
+        assert reasons(server) == ["deployment boot: not ready since start (unloaded)"]
     finally:
         server.stop()

@@ -29,6 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from vllm_use.deployments.instances import InstanceState
+from vllm_use.runtime.supervisor import RuntimeState
 from vllm_use.storage import PRAGMAS, Database
 
 if TYPE_CHECKING:
@@ -72,8 +73,15 @@ class Readiness:
         app.instances.subscribe(self._on_change)
 
     def _on_change(self, name: str) -> None:
-        view = self.app.instances.view(name)
-        if view is not None and view["instance"]["state"] is InstanceState.READY:
+        # Called on every change of a deployment, a /v1 request's start and end included (the
+        # gateway's hot path): a set lookup and a dict lookup, nothing built.
+        instances = self.app.instances
+        if name in self._reached:
+            if instances.names.get(name) != name:  # deleted: a new one of that name starts over
+                self._reached.discard(name)
+            return
+        supervisor = instances.supervisor(name)
+        if supervisor is not None and supervisor.state is RuntimeState.READY:
             self._reached.add(name)
 
     async def reasons(self) -> list[str]:
