@@ -257,9 +257,10 @@ class NotFoundJson(JsonHandler):
 
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
-    """The Application's `log_function`: Tornado's access line, the same text at the same levels,
-    with the fields `--log-format json` writes (vllm_use/jsonlog.py): the request id and the status
-    the audit records on /v1 (`GatewaySurface.final_status`), the key, the outcome and the time."""
+    """The Application's `log_function` under `--log-format json`: Tornado's access line, the same
+    text at the same levels, with the fields the JSON line carries (vllm_use/jsonlog.py): the request
+    id and the status the audit records on /v1 (`GatewaySurface.final_status`), the key, the outcome
+    and the time. (The text format keeps Tornado's own `log_request`.)"""
     sent = handler.get_status()
     final = getattr(handler, "final_status", None)
     status = final() if final is not None else sent

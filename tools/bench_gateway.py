@@ -328,11 +328,18 @@ async def before_after(opts: argparse.Namespace, ours: Target, theirs: Target) -
     rounds (AB, BA, AB …) so that a drift of the machine's load falls on both alike; in ms."""
     cpu = {ours.name: 0.0, theirs.name: 0.0}
     for round_ in range(opts.rounds):
+        spent = {}
         for target in (ours, theirs) if round_ % 2 == 0 else (theirs, ours):
             await load(target, True, 32, 32)  # the round's connections, not counted
             before = cpu_ms(target.pid)
             await load(target, True, 32, opts.round_streams)
-            cpu[target.name] += cpu_ms(target.pid) - before
+            spent[target.name] = cpu_ms(target.pid) - before
+            cpu[target.name] += spent[target.name]
+        now, then = (spent[t.name] / opts.round_streams for t in (ours, theirs))
+        print(
+            f"   before/after round {round_ + 1}: before {then:.3f} ms, now {now:.3f} ms per stream",
+            flush=True,
+        )
     streams = opts.rounds * opts.round_streams
     return cpu[ours.name] / streams, cpu[theirs.name] / streams
 
