@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 import tornado.web
+from tornado.log import access_log
 
 from handlers.server import ServerStream
 from vllm_use.context import AppContext
@@ -253,3 +254,29 @@ class NotFoundJson(JsonHandler):
         self.finish(json.dumps({"error": {"code": "not_found", "message": f"no route {self.request.path}"}}))
 
     get = post = put = delete = patch = head = options = _missing
+
+
+def log_request(handler: tornado.web.RequestHandler) -> None:
+    """The Application's `log_function` under `--log-format json`: Tornado's access line, the same
+    text at the same levels, with the fields the JSON line carries (vllm_use/jsonlog.py): the request
+    id and the status the audit records on /v1 (`GatewaySurface.final_status`), the key, the outcome
+    and the time. (The text format keeps Tornado's own `log_request`.)"""
+    sent = handler.get_status()
+    final = getattr(handler, "final_status", None)
+    status = final() if final is not None else sent
+    identity = getattr(handler, "identity", None)
+    request = handler.request
+    ms = 1000.0 * request.request_time()
+    outcome = "ok" if status < 400 else "client_gone" if status == 499 else f"http_{status}"
+    fields = {
+        "request_id": getattr(handler, "request_id", None),
+        "method": request.method,
+        "path": request.path,
+        "status": status,
+        "key_id": identity.label if identity is not None else None,
+        "outcome": outcome,
+        "ms": round(ms, 2),
+    }
+    level = logging.INFO if sent < 400 else logging.WARNING if sent < 500 else logging.ERROR
+    summary = f"{request.method} {request.uri} ({request.remote_ip})"
+    access_log.log(level, "%d %s %.2fms", sent, summary, ms, extra=fields)

@@ -180,6 +180,13 @@ class GatewaySurface(JsonHandler):
             return  # we closed it
         self._client_gone = True
 
+    def final_status(self) -> int:
+        """The status the audit and the access line record: 502 when the upstream broke off, 499
+        when the client went away (or DELETE /v1/stream stopped it), else the one sent."""
+        return (
+            502 if self._upstream_broke else 499 if self._client_gone or self._stopped else self.get_status()
+        )
+
     def on_finish(self) -> None:
         """Tornado runs this once the response is done (or the connection closed under it):
         forget the request in `app.live` and audit it. A request refused before a key was
@@ -189,9 +196,7 @@ class GatewaySurface(JsonHandler):
         if identity is None or identity.key_id is None:
             return
         self.app.live.remove(identity.key_id, getattr(self, "_live_token", 0))
-        status = (
-            502 if self._upstream_broke else 499 if self._client_gone or self._stopped else self.get_status()
-        )
+        status = self.final_status()
         duration_ms = (time.perf_counter() - self.started) * 1000
         self.app.audit.record(
             audit_id=self.audit_id,

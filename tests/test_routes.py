@@ -12,7 +12,8 @@ from handlers.api import ROUTES
 from vllm_use import app as app_mod
 from vllm_use import config as config_mod
 
-PUBLIC = {"/healthz", "/(.*)", "/api/signin-hint"}  # liveness, the console's static files, its sign-in hint
+# liveness, the probes, the console's static files, its sign-in hint
+PUBLIC = {"/healthz", "/livez", "/readyz", "/(.*)", "/api/signin-hint"}
 NOT_FOUND = {r"/(?:api|v1)(?:/.*)?", r"/(?:mcp|tools)/.+"}  # JSON 404s: nothing to protect, nothing runs
 
 

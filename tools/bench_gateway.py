@@ -18,7 +18,12 @@ keep-alive connection) alone and while 32 streams run through the gateway.
 
 Clients are asyncio streams on keep-alive connections, one per concurrent slot: lighter than an
 HTTP library, but on 2 cores the client still competes with the gateway and the upstream for CPU.
-Run: `.venv/bin/python tools/bench_gateway.py` (about 20 s on 2 cores).
+With `--baseline REV` (by default the commit before issue 16, `BASELINE`) the gateway of that revision
+runs beside ours on the same upstream (a temporary git worktree): its rows in the table, then both
+measured again in alternating rounds of streams at c=32 (`--rounds`, `--round-streams`), CPU per
+streamed request of each, the ratio, and PASS/MISS against "within 5 %". `--baseline ''` skips it.
+
+Run: `.venv/bin/python tools/bench_gateway.py` (about a minute on 2 cores; 20 s with `--baseline ''`).
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ ADDED_TTFB_TARGET_MS = 1.0
 HEALTHZ_P99_TARGET_MS = 5.0
 TIME_WAIT_TARGET = 100
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+# --baseline's default: the commit before issue 16's work (metrics, token accounting, key limits,
+# probes, JSON logs), whose CPU per streamed request the gateway must stay within 5 % of.
+BASELINE = "fb3aa77"
+BEFORE_AFTER_WITHIN = 0.05
 
 
 PROFILER = """
@@ -311,6 +320,46 @@ def pin(pid: int, cpus: set[int]) -> None:
             pass
 
 
+# --- before / after (--baseline) --------------------------------------------------------------------
+
+
+async def before_after(opts: argparse.Namespace, ours: Target, theirs: Target) -> tuple[float, float]:
+    """CPU per streamed request (c=32) of the gateway and of the baseline's, measured in alternating
+    rounds (AB, BA, AB …) so that a drift of the machine's load falls on both alike; in ms."""
+    cpu = {ours.name: 0.0, theirs.name: 0.0}
+    for round_ in range(opts.rounds):
+        spent = {}
+        for target in (ours, theirs) if round_ % 2 == 0 else (theirs, ours):
+            await load(target, True, 32, 32)  # the round's connections, not counted
+            before = cpu_ms(target.pid)
+            await load(target, True, 32, opts.round_streams)
+            spent[target.name] = cpu_ms(target.pid) - before
+            cpu[target.name] += spent[target.name]
+        now, then = (spent[t.name] / opts.round_streams for t in (ours, theirs))
+        print(
+            f"   before/after round {round_ + 1}: before {then:.3f} ms, now {now:.3f} ms per stream",
+            flush=True,
+        )
+    streams = opts.rounds * opts.round_streams
+    return cpu[ours.name] / streams, cpu[theirs.name] / streams
+
+
+def report_before_after(opts: argparse.Namespace, ours_ms: float, theirs_ms: float) -> None:
+    ratio = ours_ms / theirs_ms
+    verdict = "PASS" if ratio <= 1 + BEFORE_AFTER_WITHIN else "MISS"
+    streams = opts.rounds * opts.round_streams
+    print(
+        f"Before/after: CPU per 64-chunk stream, c=32, {opts.rounds} alternating rounds of "
+        f"{opts.round_streams} ({streams} streams each):"
+    )
+    print(f"   {'gateway @' + opts.baseline + ' (before)':<34} {theirs_ms:6.3f} ms")
+    print(f"   {'gateway (now)':<34} {ours_ms:6.3f} ms")
+    print(
+        f"   {'now / before':<34} {ratio:6.3f}×  ({(ours_ms - theirs_ms) * 1000:+.0f} µs per stream)  "
+        f"{verdict} (within {BEFORE_AFTER_WITHIN:.0%})"
+    )
+
+
 # --- report ----------------------------------------------------------------------------------------
 
 
@@ -409,6 +458,8 @@ async def run(
             for pid in (upstream_pid, os.getpid(), server_pid):
                 pin(pid, everything)
     remote, local = time_wait(upstream_port)
+    baseline = next((other for other in others if other.name.startswith("gateway @")), None)
+    compared = await before_after(opts, targets[1], baseline) if baseline is not None else None
 
     print("Targets (gateway CPU per request from the c=32 rows; TTFB from the c=1 rows):")
     for stream, target_ms, label in (
@@ -448,6 +499,9 @@ async def run(
         f"\n   {'upstream connections opened by the gateway':<53} {gw_opened:6d}"
         f"  in the measured gateway rows ({gw_requests - opts.healthz_streams} requests with their warm-ups)"
     )
+    if compared is not None:
+        print()
+        report_before_after(opts, *compared)
 
 
 # `--deployments N`: the gateway's --vllm-bin is this launcher, which serves the same fast upstream
@@ -511,8 +565,13 @@ def main() -> None:
     parser.add_argument(
         "--baseline",
         metavar="REV",
-        help="also run the gateway of git revision REV (a temporary worktree), side by side: before/after",
+        default=BASELINE,
+        help="also run the gateway of git revision REV (a temporary worktree), side by side: its rows, "
+        f"then CPU per streamed request of both in alternating rounds, PASS within "
+        f"{BEFORE_AFTER_WITHIN:.0%} (default {BASELINE}, before issue 16; '' for none)",
     )
+    parser.add_argument("--rounds", type=int, default=6, help="--baseline: alternating rounds")
+    parser.add_argument("--round-streams", type=int, default=1000, help="--baseline: streams per round")
     opts = parser.parse_args()
     if opts.serve_upstream:
         serve_upstream(opts.serve_upstream)

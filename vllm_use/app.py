@@ -21,8 +21,8 @@ from typing import Any
 import tornado.web
 from tornado.ioloop import PeriodicCallback
 
-from handlers import api, events, gateway, mcp, signin, static, tools
-from handlers.base import NotFoundJson
+from handlers import api, events, gateway, mcp, probes, signin, static, tools
+from handlers.base import NotFoundJson, log_request
 from handlers.server import GuardedHTTPServer, connection_limit
 from vllm_use import fsafety
 from vllm_use.abilities import build_registry, deployments
@@ -137,12 +137,16 @@ def make_app(app: AppContext) -> tornado.web.Application:
     handlers += events.default_handlers(common)  # before /api/downloads/{id}, /api/deployments/{name}
     handlers += api.default_handlers(common)
     handlers += signin.default_handlers(common)  # public: the sign-in page's hint
+    handlers += probes.default_handlers(common)  # public: /livez, /readyz
     handlers += mcp.default_handlers(common)
     handlers += tools.default_handlers(common)  # answers 404 itself when the tools are off
     # /api, /mcp, /tools and /v1 never fall back to the console.
     handlers += [(r"/(?:api|v1)(?:/.*)?", NotFoundJson, common), (r"/(?:mcp|tools)/.+", NotFoundJson, common)]
     handlers += static.default_handlers()
-    return tornado.web.Application(handlers, xheaders=False, compress_response=False)
+    # The access line with the request's fields for --log-format json; the text format keeps
+    # Tornado's own line, which costs the hot path nothing more.
+    logged = {"log_function": log_request} if app.config.log_format == "json" else {}
+    return tornado.web.Application(handlers, xheaders=False, compress_response=False, **logged)
 
 
 def make_server(app: AppContext) -> GuardedHTTPServer:

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"vllm-use: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    config_mod.configure_logging(config.log_level)
+    config_mod.configure_logging(config.log_level, config.log_format)
     for warning in config_mod.start_warnings(config):
         log.warning("%s", warning)
     from vllm_use import app as app_mod

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from vllm_use.errors import ConfigError
 from vllm_use.fields import has_control
+from vllm_use.jsonlog import JsonFormatter
 
 ENV_PREFIX = "VLLM_USE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -685,8 +686,12 @@ def start_warnings(config: Config) -> list[str]:
     return warnings
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """The root logger on stderr: `text` lines, or one JSON object per line (docs/observability.md)."""
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())

@@ -122,4 +122,12 @@ class Executor:
                 surface,
                 outcome,
                 elapsed,
+                # the same, as fields of --log-format json (vllm_use/jsonlog.py)
+                extra={
+                    "method": name,
+                    "key_id": who,
+                    "surface": str(surface),
+                    "outcome": outcome,
+                    "ms": round(elapsed, 1),
+                },
             )

@@ -46,6 +46,8 @@ environment without them, so tests set them in a wrapper script (`fake_vllm_bin`
   FAKE_VLLM_IMPORT_SECONDS=0    Seconds before it even binds its port (the real one imports for ~10 s
                                 first): meanwhile another process may take the port.
   FAKE_VLLM_LOAD_SECONDS=0.3    Seconds of "loading" (port bound but closed) before it listens.
+  FAKE_VLLM_LOAD_UNTIL=/path    Keep "loading" after FAKE_VLLM_LOAD_SECONDS until this file exists: a load that
+                                ends when the test says so.
   FAKE_VLLM_NEVER_HEALTHY=...   `503` (or `1`): listens, but /health answers 503 forever (other routes
                                 work). `closed`: never listens (loads forever).
   FAKE_VLLM_IGNORE_SIGTERM=1    SIGTERM and SIGINT are logged and ignored; only SIGKILL ends it.
@@ -1111,6 +1113,9 @@ def serve_main(argv: list[str]) -> None:
             app,
         )
     pump(time.monotonic() + load)
+    gate = os.environ.get("FAKE_VLLM_LOAD_UNTIL", "")
+    while gate and not os.path.exists(gate):
+        pump(time.monotonic() + 0.05)
     if hub_id and os.environ.get("FAKE_VLLM_OFFLINE", "") not in ("", "0"):
         traceback_exit(
             rec,
