@@ -1,0 +1,331 @@
+"""Token accounting (docs/observability.md, "Token accounting"): the counts of each `/v1` answer in
+its audit row, the usage event a client did not ask for taken out of its stream, the daily rollups
+and `usage.summary` over /api and MCP.
+
+One server for the module, in front of the fake vLLM upstream (tests/fakes/upstream.py, which sends
+usage as vLLM 0.32 does: tests/test_fakes_match_vllm.py) and running one deployment on the fake
+`vllm` executable, with `--max-audit-records 2` so that the rollups are seen to outlive the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes import fake_vllm_bin
+from tests.fakes.upstream import FakeUpstream, running
+from tests.support.deployments import START_TIMEOUT_S, create, load, register
+from tests.support.server import Server, eventually, free_port, start_server
+
+UPSTREAM_KEY = "usage-upstream-key-0123456789"
+PROMPT = "Say hello to everyone here"  # the fakes count one token per word: 5
+REPLY = "Hello from the fake upstream"  # 5 tokens
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}]}
+COMPLETION = {"model": "tiny", "prompt": PROMPT}
+RESPONSE = {"model": "tiny", "input": PROMPT}
+MESSAGE = {"model": "tiny", "max_tokens": 16, "messages": [{"role": "user", "content": PROMPT}]}
+EMBEDDING = {"model": "tiny", "input": ["one two", "three"]}
+TODAY = time.strftime("%Y-%m-%d", time.gmtime())
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstream]:
+    yield from running(api_key=UPSTREAM_KEY)
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, upstream: FakeUpstream) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("usage")
+    vllm = fake_vllm_bin(root / "bin", max_lifetime=300)
+    first = free_port()
+    srv = start_server(
+        root / "data",
+        "--upstream",
+        upstream.url,
+        "--vllm-bin",
+        str(vllm),
+        "--runtime-ports",
+        f"{first}-{first + 3}",
+        "--max-audit-records",
+        "2",
+        env={"VLLM_USE_UPSTREAM_API_KEY": UPSTREAM_KEY},
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def keys(gw: Server) -> dict[str, tuple[str, str]]:
+    """Two inference keys ("alice", "bob") by name: (id, secret)."""
+    return {name: gw.create_key("inference", name=name) for name in ("alice", "bob")}
+
+
+@pytest.fixture(autouse=True)
+def fresh_upstream(upstream: FakeUpstream) -> Iterator[None]:
+    upstream.reset()
+    yield
+    upstream.reset()
+
+
+def send(gw: Server, secret: str, path: str, body: Any, **headers: str) -> tuple[httpx.Response, str]:
+    """One /v1 request; (the answer, its request id)."""
+    request_id = "rq-" + uuid.uuid4().hex
+    r = gw.client.post(
+        gw.base_url + path,
+        content=json.dumps(body).encode(),  # with spaces: a body is relayed byte for byte
+        headers={
+            "Authorization": f"Bearer {secret}",
+            "Content-Type": "application/json",
+            "X-Request-ID": request_id,
+            **headers,
+        },
+    )
+    assert r.status_code == 200, r.text
+    return r, request_id
+
+
+def audited(gw: Server, request_id: str) -> dict[str, Any]:
+    """The audit row of a request, once written (the writer flushes every 0.5 s)."""
+
+    def row() -> dict[str, Any] | None:
+        r = gw.fetch("/api/requests/recent?limit=2")
+        assert r.status_code == 200, r.text
+        assert r.json()["corrupt"] == []
+        return next((rec for rec in r.json()["requests"] if rec["request_id"] == request_id), None)
+
+    return eventually(row, timeout=10)
+
+
+def summary(gw: Server, query: str = "", token: str | None = "admin") -> Any:
+    r = gw.fetch("/api/usage" + query, token=token)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def direct(upstream: FakeUpstream, path: str, body: Any) -> bytes:
+    """The same request sent to the upstream itself: the bytes a client of vLLM would get."""
+    r = httpx.post(upstream.url + path, json=body, headers={"Authorization": f"Bearer {UPSTREAM_KEY}"})
+    assert r.status_code == 200, r.text
+    return r.content
+
+
+def normalised(stream: bytes) -> bytes:
+    """A stream without what differs between two generations of the same text: ids and times."""
+    stream = re.sub(rb'"id":"[^"]*"', b'"id":"-"', stream)
+    return re.sub(rb'"created":[0-9]+', b'"created":0', stream)
+
+
+def usage_events(stream: bytes) -> list[dict[str, Any]]:
+    return [
+        event
+        for line in stream.split(b"\n")
+        if line.startswith(b"data: {")
+        and "usage" in (event := json.loads(line[6:]))
+        and event.get("choices") == []
+    ]
+
+
+# --- the counts of each route ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "names"),
+    [
+        ("/v1/chat/completions", CHAT, ("prompt_tokens", "completion_tokens")),
+        ("/v1/completions", COMPLETION, ("prompt_tokens", "completion_tokens")),
+        ("/v1/responses", RESPONSE, ("input_tokens", "output_tokens")),
+        ("/v1/messages", MESSAGE, ("input_tokens", "output_tokens")),
+    ],
+    ids=["chat", "completions", "responses", "messages"],
+)
+def test_streamed_and_plain_answers_record_the_counts_the_upstream_reports(
+    gw: Server, keys: dict[str, tuple[str, str]], path: str, body: dict[str, Any], names: tuple[str, str]
+) -> None:
+    secret = keys["alice"][1]
+    plain, plain_id = send(gw, secret, path, body)
+    reported = plain.json()["usage"]
+    assert (reported[names[0]], reported[names[1]]) == (5, 5)  # what the client saw
+    row = audited(gw, plain_id)
+    assert (row["prompt_tokens"], row["completion_tokens"], row["stream"]) == (5, 5, False)
+    _, streamed_id = send(gw, secret, path, {**body, "stream": True})
+    row = audited(gw, streamed_id)
+    assert (row["prompt_tokens"], row["completion_tokens"], row["stream"]) == (5, 5, True)
+    assert row["deployment"] is None  # --upstream serves it: no deployment
+
+
+def test_embeddings_record_their_prompt_tokens(gw: Server, keys: dict[str, tuple[str, str]]) -> None:
+    answer, request_id = send(gw, keys["alice"][1], "/v1/embeddings", EMBEDDING)
+    assert answer.json()["usage"]["prompt_tokens"] == 3
+    row = audited(gw, request_id)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (3, 0)
+
+
+def test_an_answer_without_usage_records_counts_as_not_known(
+    gw: Server, keys: dict[str, tuple[str, str]], upstream: FakeUpstream
+) -> None:
+    upstream.fail = (200, b'{"object":"chat.completion","usage":{"prompt_tokens":-1}}', "application/json")
+    _, request_id = send(gw, keys["alice"][1], "/v1/chat/completions", CHAT)
+    row = audited(gw, request_id)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (None, None)
+
+
+# --- what the client receives ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)],
+    ids=["chat", "completions"],
+)
+def test_a_stream_carries_no_usage_event_the_client_did_not_ask_for(
+    gw: Server, keys: dict[str, tuple[str, str]], upstream: FakeUpstream, path: str, body: dict[str, Any]
+) -> None:
+    streamed = {**body, "stream": True, "max_tokens": 4}
+    answer, request_id = send(gw, keys["alice"][1], path, streamed)
+    # The upstream was asked for the usage event, by one member added to the body as sent.
+    sent = upstream.received(request_id)[0].body
+    assert sent == json.dumps(streamed).encode().replace(
+        b"{", b'{"stream_options":{"include_usage":true},', 1
+    )
+    assert usage_events(answer.content) == []
+    assert normalised(answer.content) == normalised(direct(upstream, path, streamed))
+    assert b'"system_fingerprint"' in answer.content  # back on the terminal chunk, as vLLM puts it
+    row = audited(gw, request_id)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (5, 4)
+
+
+def test_a_stream_keeps_the_usage_event_the_client_asked_for(
+    gw: Server, keys: dict[str, tuple[str, str]], upstream: FakeUpstream
+) -> None:
+    streamed = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    answer, request_id = send(gw, keys["alice"][1], "/v1/chat/completions", streamed)
+    assert upstream.received(request_id)[0].body == json.dumps(streamed).encode()  # unchanged
+    assert [event["usage"]["completion_tokens"] for event in usage_events(answer.content)] == [5]
+    assert normalised(answer.content) == normalised(direct(upstream, "/v1/chat/completions", streamed))
+    row = audited(gw, request_id)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (5, 5)
+
+
+def test_a_resumable_stream_replays_without_the_usage_event(
+    gw: Server, keys: dict[str, tuple[str, str]], upstream: FakeUpstream
+) -> None:
+    secret = keys["alice"][1]
+    conversation = "conv-" + uuid.uuid4().hex[:12]
+    answer, _ = send(
+        gw, secret, "/v1/chat/completions", {**CHAT, "stream": True}, **{"X-Conversation-Id": conversation}
+    )
+    replay = gw.client.get(
+        gw.base_url + f"/v1/stream?conv_id={conversation}", headers={"Authorization": f"Bearer {secret}"}
+    )
+    assert replay.status_code == 200, replay.text
+    assert replay.content == answer.content and usage_events(replay.content) == []
+    assert b"data: [DONE]" in replay.content
+
+
+# --- rollups and usage.summary ---------------------------------------------------------------------
+
+
+def test_rollups_sum_every_request_and_outlive_the_audit_cap(
+    gw: Server, keys: dict[str, tuple[str, str]]
+) -> None:
+    bob_id, bob = keys["bob"]
+    before = summary(gw, f"?key_id={bob_id}")["totals"]
+    ids = [send(gw, bob, "/v1/chat/completions", {**CHAT, "max_tokens": n})[1] for n in (1, 2, 3)]
+    audited(gw, ids[-1])
+    # --max-audit-records 2: the first of the three is gone from the audit, not from the rollups.
+    kept = {rec["request_id"] for rec in gw.fetch("/api/requests/recent?limit=1000").json()["requests"]}
+    assert ids[0] not in kept and len(kept) == 2
+    totals = summary(gw, f"?key_id={bob_id}")["totals"]
+    assert totals == {
+        "requests": before["requests"] + 3,
+        "prompt_tokens": before["prompt_tokens"] + 15,
+        "completion_tokens": before["completion_tokens"] + 6,
+    }
+
+
+def test_a_deployments_requests_are_rolled_up_under_its_name(
+    gw: Server, keys: dict[str, tuple[str, str]]
+) -> None:
+    model_id = register(gw, "llama-files")
+    body = {"name": "llama", "model_id": model_id, "options": {"start_timeout_s": START_TIMEOUT_S}}
+    assert create(gw, body).status_code == 201
+    assert load(gw, "llama").status_code == 200
+    alice_id, alice = keys["alice"]
+    plain, _ = send(gw, alice, "/v1/chat/completions", {**CHAT, "model": "llama"})
+    usage = plain.json()["usage"]
+    _, request_id = send(gw, alice, "/v1/chat/completions", {**CHAT, "model": "llama", "stream": True})
+    row = audited(gw, request_id)
+    assert (row["deployment"], row["prompt_tokens"], row["completion_tokens"]) == (
+        "llama",
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
+    found = summary(gw, "?deployment=llama")
+    assert found["totals"] == {
+        "requests": 2,
+        "prompt_tokens": 2 * usage["prompt_tokens"],
+        "completion_tokens": 2 * usage["completion_tokens"],
+    }
+    assert [d["deployment"] for d in found["deployments"]] == ["llama"]
+    assert [k["key_id"] for k in found["keys"]] == [alice_id]
+
+
+def test_usage_summary_by_day_key_and_deployment_over_api_and_mcp(
+    gw: Server, keys: dict[str, tuple[str, str]]
+) -> None:
+    alice_id, alice = keys["alice"]
+    bob_id, bob = keys["bob"]
+    audited(gw, send(gw, alice, "/v1/chat/completions", CHAT)[1])
+    audited(gw, send(gw, bob, "/v1/chat/completions", {**CHAT, "max_tokens": 1})[1])
+    found = summary(gw)
+    assert found["until"] == TODAY and len(found["days"]) == 30 and found["days"][-1]["day"] == TODAY
+    assert all(
+        d == {"day": d["day"], "requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        for d in found["days"][:-1]
+    )
+    assert found["days"][-1] | {"day": "-"} == found["totals"] | {"day": "-"}
+    by_key = {k["key_id"]: k for k in found["keys"]}
+    assert by_key[alice_id]["key_name"] == "alice" and by_key[bob_id]["key_name"] == "bob"
+    tokens = [k["prompt_tokens"] + k["completion_tokens"] for k in found["keys"]]
+    assert tokens == sorted(tokens, reverse=True)
+    assert sum(k["requests"] for k in found["keys"]) == found["totals"]["requests"]
+    assert {d["deployment"] for d in found["deployments"]} <= {"", "llama"}
+    assert sum(d["requests"] for d in found["deployments"]) == found["totals"]["requests"]
+    # MCP with mcp.read: the same numbers, the key names withheld (listing keys is mcp.admin).
+    reader = gw.create_key("mcp.read", name="reader")[1]
+    r = gw.mcp("tools/call", {"name": "usage.summary", "arguments": {"since": TODAY}}, token=reader)
+    assert r.status_code == 200, r.text
+    over_mcp = r.json()["result"]["structuredContent"]
+    assert over_mcp["totals"] == found["totals"] and over_mcp["days"] == found["days"][-1:]
+    assert {k["key_name"] for k in over_mcp["keys"]} == {None}
+    # An inference key reads nothing here.
+    assert gw.fetch("/api/usage", token=alice).status_code in (401, 403)
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("?since=2026-02-30", "since"),
+        ("?until=26-01-01", "until"),
+        ("?since=2026-03-02&until=2026-03-01", "until"),
+        ("?since=2025-01-01&until=2026-01-02", "until"),  # 367 days
+        ("?key_id=not-a-key", "key_id"),
+        ("?deployment=%20x", "deployment"),
+    ],
+)
+def test_bad_ranges_and_filters_are_refused_naming_the_field(gw: Server, query: str, field: str) -> None:
+    r = gw.fetch("/api/usage" + query)
+    assert r.status_code == 400, r.text
+    assert field in json.dumps(r.json()["error"])
+
+
+def test_a_range_of_366_days_is_the_longest_accepted(gw: Server) -> None:
+    found = summary(gw, "?since=2025-01-02&until=2026-01-02")
+    assert len(found["days"]) == 366 and found["days"][0]["day"] == "2025-01-02"
