@@ -19,10 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes import fake_vllm_bin
+from tests.fakes import fake_vllm_bin, shapes
 from tests.fakes.upstream import FakeUpstream, running
 from tests.support.deployments import START_TIMEOUT_S, create, load, register
 from tests.support.server import Server, eventually, free_port, start_server
+from vllm_use.usage.tap import tap_for
 
 UPSTREAM_KEY = "usage-upstream-key-0123456789"
 PROMPT = "Say hello to everyone here"  # the fakes count one token per word: 5
@@ -227,6 +228,26 @@ def test_a_resumable_stream_replays_without_the_usage_event(
     assert replay.status_code == 200, replay.text
     assert replay.content == answer.content and usage_events(replay.content) == []
     assert b"data: [DONE]" in replay.content
+
+
+def _vllm_stream(kind: type[shapes.ChatStream] | type[shapes.CompletionStream], include_usage: bool) -> bytes:
+    stream = kind("tiny", 5, include_usage)
+    stream.created, stream.id = 1, "fixed"
+    return b"".join([*stream.start(), stream.piece(" a"), stream.piece(" b"), *stream.end(" c")])
+
+
+@pytest.mark.parametrize("kind", [shapes.ChatStream, shapes.CompletionStream], ids=["chat", "completions"])
+def test_the_usage_event_comes_out_wherever_the_chunks_split(kind: Any) -> None:
+    """The bytes vLLM sends when asked, cut into chunks at every place (an event split across
+    chunks, or a whole stream in one), come out as the stream it sends when not asked."""
+    asked, plain = _vllm_stream(kind, True), _vllm_stream(kind, False)
+    path = "chat/completions" if kind is shapes.ChatStream else "completions"
+    for cut in range(1, len(asked) + 1):
+        tap = tap_for(path, 200, shapes.SSE_CONTENT_TYPE, "added")
+        assert tap is not None
+        out = tap.feed(asked[:cut]) + tap.feed(asked[cut:]) + tap.end()
+        assert out == plain, cut
+        assert (tap.prompt_tokens, tap.completion_tokens) == (5, 3), cut
 
 
 # --- rollups and usage.summary ---------------------------------------------------------------------
