@@ -378,7 +378,7 @@ async def run(
                 tw = time_wait(upstream_port)
                 opened = accepted(upstream_port) - opened0 - 1  # less the counter's own request
                 gw_opened += opened * (target.port == gw_port)
-                want = CHUNKS + 1 if stream else 0
+                want = CHUNKS + 2 if stream else 0  # the pieces, the terminal chunk, [DONE]
                 if any(s.chunks != want for s in samples):
                     raise SystemExit(f"{target.name}: expected {want} chunks per response")
                 row = {
