@@ -222,9 +222,8 @@ class StrippingTap(Tap):
         self._partial = b""
         if not data.endswith(_BOUNDARY):
             cut = _start(data, len(data))
-            if len(data) - cut > PARTIAL_MAX:
-                return data  # an event too long to hold back: it passes
-            data, self._partial = data[:cut], data[cut:]
+            if len(data) - cut <= PARTIAL_MAX:  # an event longer than that is not held back
+                data, self._partial = data[:cut], data[cut:]
         out = b""
         if self._held is None:
             at = data.find(_FINISHED if self._patch else _USAGE_EVENT)
@@ -235,12 +234,12 @@ class StrippingTap(Tap):
         else:
             self._held += data
         at = self._held.find(_USAGE_EVENT)
-        if at < 0:
+        stop = self._held.find(_BOUNDARY, at) if at >= 0 else -1
+        if stop < 0:  # no usage event yet, or not all of it
             if len(self._held) > HOLD_MAX:
                 out, self._held, self._patch = out + self._held, None, False
             return out
-        start = _start(self._held, at)
-        stop = self._held.find(_BOUNDARY, at) + 2
+        start, stop = _start(self._held, at), stop + 2
         before, event, after = self._held[:start], self._held[start:stop], self._held[stop:]
         self._held = None
         try:
