@@ -5,8 +5,9 @@ Where the counts are, per route (what vLLM 0.32 sends):
 
 - A JSON answer: its top-level `usage`: `prompt_tokens`/`completion_tokens` (chat, completions,
   embeddings) or `input_tokens`/`output_tokens` (`/v1/responses`, `/v1/messages`). The body is
-  kept (up to `BODY_MAX`) and read once it is complete, by the request scan of
-  vllm_use/gateway/aliases.py (values skipped, not built; off the IOLoop past `INLINE_LIMIT`).
+  kept (up to `BODY_MAX`) and read once it is complete: parsed whole up to `PARSE_MAX`, else by
+  the request scan of vllm_use/gateway/aliases.py (values skipped, not built; off the IOLoop past
+  `INLINE_LIMIT`).
 - A chat or completions stream: its last data event, `"choices":[]` with `usage`, which vLLM
   sends only when asked (`stream_options.include_usage`). The gateway asks when the client did not
   (vllm_use/gateway/aliases.py) and the tap takes that event out again, so the client (and a
@@ -33,6 +34,7 @@ from vllm_use.errors import InvalidArguments
 from vllm_use.gateway.aliases import INLINE_LIMIT, Usage, members
 
 COUNT_MAX = 2**31
+PARSE_MAX = 8 * 1024  # a JSON answer up to this is parsed whole, a longer one scanned (value_at)
 BODY_MAX = 32 * 1024 * 1024  # a longer JSON answer is relayed, its counts are not known
 PARTIAL_MAX = 1024 * 1024  # an event longer than this is not looked into
 HOLD_MAX = 1024 * 1024  # terminal chunks held for their fingerprint; past this they go out as they are
@@ -141,8 +143,11 @@ class JsonTap(Tap):
 
 def _usage_of(body: bytes) -> Any:
     try:
+        if len(body) <= PARSE_MAX:  # small: json's C parser is quicker than the scan
+            found = json.loads(body)
+            return found.get("usage") if isinstance(found, dict) else None
         return value_at(body.decode("utf-8"), ("usage",))
-    except UnicodeDecodeError:
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
 
 
