@@ -9,11 +9,13 @@ usage as vLLM 0.32 does: tests/test_fakes_match_vllm.py) and running one deploym
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +25,12 @@ from tests.fakes import fake_vllm_bin, shapes
 from tests.fakes.upstream import FakeUpstream, running
 from tests.support.deployments import START_TIMEOUT_S, create, load, register
 from tests.support.server import Server, eventually, free_port, start_server
-from vllm_use.usage.tap import tap_for
+from vllm_use.gateway import audit
+from vllm_use.gateway.aliases import OPTIONS_MAX, prepare
+from vllm_use.storage import Database
+from vllm_use.usage import store
+from vllm_use.usage.ledger import UsageLedger
+from vllm_use.usage.tap import BODY_MAX, COUNT_MAX, HOLD_MAX, tap_for
 
 UPSTREAM_KEY = "usage-upstream-key-0123456789"
 PROMPT = "Say hello to everyone here"  # the fakes count one token per word: 5
@@ -248,6 +255,87 @@ def test_the_usage_event_comes_out_wherever_the_chunks_split(kind: Any) -> None:
         out = tap.feed(asked[:cut]) + tap.feed(asked[cut:]) + tap.end()
         assert out == plain, cut
         assert (tap.prompt_tokens, tap.completion_tokens) == (5, 3), cut
+
+
+def _settled(path: str, body: bytes) -> tuple[int | None, int | None]:
+    tap = tap_for(path, 200, "application/json", "none")
+    assert tap is not None
+    tap.feed(body)
+    asyncio.run(tap.settle())
+    return tap.prompt_tokens, tap.completion_tokens
+
+
+def test_the_taps_limits_hold_at_their_edges() -> None:
+    # A count is an int up to 2**31.
+    at_most = json.dumps({"usage": {"prompt_tokens": COUNT_MAX, "completion_tokens": COUNT_MAX + 1}})
+    assert _settled("chat/completions", at_most.encode()) == (COUNT_MAX, None)
+    # A JSON answer up to BODY_MAX is read (past 8 KiB by the scan, in the executor), a longer one not.
+    usage = b',"usage":{"input_tokens":3,"output_tokens":4}}'
+    head = b'{"pad":"'
+    body = head + b"x" * (BODY_MAX - len(head) - len(usage) - 1) + b'"' + usage
+    assert len(body) == BODY_MAX and _settled("messages", body) == (3, 4)
+    longer = head + b"x" * (BODY_MAX - len(head) - len(usage)) + b'"' + usage
+    assert _settled("messages", longer) == (None, None)
+    # A client's stream_options up to OPTIONS_MAX characters is read and extended; a longer one is left.
+    for size, usage_state in ((OPTIONS_MAX, "added"), (OPTIONS_MAX + 1, "none")):
+        pad = "p" * (size - len('{"x":""}'))
+        sent = b'{"stream":true,"stream_options":{"x":"' + pad.encode() + b'"}}'
+        prepared = prepare(sent, {}, add_usage=True)
+        assert prepared.usage == usage_state, size
+        assert (b'"include_usage":true' in prepared.body) is (usage_state == "added")
+
+
+def test_terminal_chunks_are_held_up_to_hold_max_for_their_fingerprint() -> None:
+    """n > 1 choices: what comes after the first terminal chunk waits for the usage event, up to
+    HOLD_MAX bytes; past that it goes out as it came (without the fingerprint), and the usage event
+    is still taken out."""
+    stream = shapes.ChatStream("tiny", 5, True)
+    stream.created, stream.id = 1, "fixed"
+    head = b"".join(stream.start())
+    terminal, usage_event, done = stream.end(" c")
+    for filler_size, patched in ((HOLD_MAX - len(terminal), True), (HOLD_MAX - len(terminal) + 1, False)):
+        filler = b"data: {" + b"x" * (filler_size - 10) + b"}\n\n"
+        assert len(terminal + filler) - HOLD_MAX == (0 if patched else 1)
+        tap = tap_for("chat/completions", 200, shapes.SSE_CONTENT_TYPE, "added")
+        assert tap is not None
+        out = b"".join(tap.feed(c) for c in (head, terminal, filler, usage_event, done)) + tap.end()
+        assert usage_event not in out and out.endswith(filler + done)
+        assert (b'"system_fingerprint"' in out) is patched, filler_size
+        assert (tap.prompt_tokens, tap.completion_tokens) == (5, 1)
+
+
+def test_rollups_are_written_when_no_audit_row_is_kept_and_seed_todays_tokens(tmp_path: Path) -> None:
+    """--max-audit-records 0 keeps no audit row; the rollups are still written (at shutdown too)."""
+    (tmp_path / "data").mkdir(mode=0o700)
+    db = Database(tmp_path / "data" / "vllm-use.db")
+    db.open()
+    try:
+        writer = audit.AuditWriter(db, 0)
+        for n, (prompt, completion) in enumerate(((5, 6), (7, None), (None, None))):
+            writer.record(
+                audit_id=f"au_{n:024d}",
+                request_id=f"rq-{n}",
+                key_id="k" * 24,
+                method="POST",
+                path="/v1/chat/completions",
+                model="tiny",
+                status=200,
+                duration_ms=1.0,
+                stream=False,
+                deployment="llama",
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+            )
+        assert writer.flush_sync()
+        assert db.query_sync(audit.count) == 0
+        found = db.query_sync(store.summary, TODAY, TODAY, None, None)
+        assert found["totals"] == {"requests": 3, "prompt_tokens": 12, "completion_tokens": 6}
+        assert [(d["deployment"], d["requests"]) for d in found["deployments"]] == [("llama", 3)]
+        ledger = UsageLedger()
+        ledger.seed(ledger.day, db.query_sync(store.tokens_on, ledger.day))
+        assert ledger.tokens_today("k" * 24) == 18
+    finally:
+        db.close()
 
 
 # --- rollups and usage.summary ---------------------------------------------------------------------
