@@ -2,11 +2,12 @@
 
 Per request: auth (one Bearer key with `inference`; on `/v1/messages*` one
 `X-API-Key` instead) before the body is read → the body, capped at 16 MiB
-whatever its Content-Type → the `model` alias rewritten in place → the upstream
-request (no environment proxy, no redirects, client credentials dropped, our
-upstream key injected) → status and headers relayed with cache headers replaced
-→ each chunk written and flushed as it arrives (backpressure: the next upstream
-read waits for our flush). A client that goes away aborts the upstream request
+whatever its Content-Type → the `model` alias rewritten in place (and a stream's
+usage event asked for) → the upstream request (no environment proxy, no
+redirects, client credentials dropped, our upstream key injected) → status and
+headers relayed with cache headers replaced → each chunk written and flushed as
+it arrives (backpressure: the next upstream read waits for our flush), its token
+counts read by the usage tap (docs/observability.md). A client that goes away aborts the upstream request
 at once, unless the request is attached to a resumable stream (X-Conversation-Id).
 Errors use the OpenAI shape, or the Anthropic shape on `/v1/messages*`.
 """
