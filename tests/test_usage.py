@@ -418,6 +418,20 @@ def test_usage_summary_by_day_key_and_deployment_over_api_and_mcp(
     assert gw.fetch("/api/usage", token=alice).status_code in (401, 403)
 
 
+def test_a_deleted_keys_usage_stays_and_reads_without_a_name(gw: Server) -> None:
+    key_id, secret = gw.create_key("inference", name="leaving")
+    audited(gw, send(gw, secret, "/v1/chat/completions", CHAT)[1])
+    assert gw.fetch(f"/api/keys/{key_id}", "DELETE").status_code in (200, 204)
+    (gone,) = summary(gw, f"?key_id={key_id}")["keys"]
+    assert gone == {
+        "key_id": key_id,
+        "key_name": None,
+        "requests": 1,
+        "prompt_tokens": 5,
+        "completion_tokens": 5,
+    }
+
+
 @pytest.mark.parametrize(
     ("query", "field"),
     [
