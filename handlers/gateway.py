@@ -29,6 +29,7 @@ from vllm_use.errors import (
     NotFound,
     OffsetGone,
     PayloadTooLarge,
+    RateLimited,
     RuntimeFailed,
     StreamArgumentError,
     TooManyRequests,
@@ -107,6 +108,10 @@ class GatewaySurface(JsonHandler):
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.first_byte_at: float | None = None
+        # A key with a policy (vllm_use/keys/limits.py): its x-ratelimit-* headers, and whether this
+        # request holds one of its slots (given back in on_finish).
+        self._limit_headers: list[tuple[str, str]] = []
+        self._holds_slot = False
         # set_default_headers ran in __init__, before request_id existed (it runs again after clear()).
         self.set_header("X-Request-ID", self.request_id)
 
@@ -170,6 +175,12 @@ class GatewaySurface(JsonHandler):
             payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         self.finish(json.dumps(payload))
 
+    def error_headers(self, exc: BaseException | None) -> None:
+        super().error_headers(exc)
+        if isinstance(exc, RateLimited):
+            for name, value in exc.headers:
+                self.set_header(name, value)
+
     # --- the end -------------------------------------------------------------------------------
 
     def on_connection_close(self) -> None:
@@ -189,6 +200,8 @@ class GatewaySurface(JsonHandler):
         if identity is None or identity.key_id is None:
             return
         self.app.live.remove(identity.key_id, getattr(self, "_live_token", 0))
+        if self._holds_slot:
+            self.app.limits.release(identity.key_id)
         status = (
             502 if self._upstream_broke else 499 if self._client_gone or self._stopped else self.get_status()
         )
@@ -228,6 +241,16 @@ class RelayHandler(GatewaySurface):
             return
         if self._client_gone:
             return
+        assert self.identity is not None and self.identity.key_id is not None
+        if self.identity.policy is not None:  # a model list or limits (docs/observability.md)
+            try:
+                self._limit_headers = self.app.limits.admit(
+                    self.identity.key_id, self.identity.policy, self.model_sent
+                )
+            except (ModelNotFound, RateLimited) as exc:
+                self.fail(exc)  # nothing was sent upstream
+                return
+            self._holds_slot = True
         conversation = self.request.headers.get_list(streams.HEADER)
         if conversation and path == "chat/completions":
             try:
@@ -243,7 +266,6 @@ class RelayHandler(GatewaySurface):
                         "they must be the same deployment",
                         loc=["X-Conversation-Id"],
                     )
-                assert self.identity is not None and self.identity.key_id is not None
                 self.session = self.app.streams.create(conv_id, self.identity.key_id, model)
             except VllmUseError as exc:
                 self.fail(exc)
@@ -407,6 +429,8 @@ class RelayHandler(GatewaySurface):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
+        for name, value in self._limit_headers:
+            self.set_header(name, value)
         self._headers_sent = True
         self.first_byte_at = time.perf_counter()
 

@@ -11,7 +11,9 @@ Design (docs/auth.md has the long form):
   hash, same scopes, enabled=1) publishes the identity and moves `last_used_at`
   forward. A key disabled or deleted while scrypt ran fails that UPDATE.
 - Verified keys are cached in memory, keyed by SHA-256 of the secret; a
-  repeat request is a dict lookup. Every key mutation in this process calls
+  repeat request is a dict lookup and, for a key with `expires_at`, one
+  integer compare: an expired key is refused like a disabled one, cached or
+  not (the conditional UPDATE refuses it too). Every key mutation in this process calls
   `forget(key_id)` *before* its write, so disable/delete hold for the next
   request; the cache epoch makes a derivation that raced a mutation uncacheable.
   Entries are re-checked against SQLite (no scrypt) after `REVALIDATE_S`, which
@@ -160,6 +162,10 @@ class Authenticator:
         hit = self._cache.get(digest)
         key_id = hit.identity.key_id if hit else None
         if hit and key_id and hit.epoch == self._epochs.get(key_id, 0):
+            expires_at = hit.identity.expires_at
+            if expires_at is not None and expires_at <= now_ms():
+                del self._cache[digest]  # expired while cached: refused like a disabled key
+                raise Unauthenticated("unknown credential")
             if time.monotonic() - hit.checked_at < REVALIDATE_S:
                 self._cache.move_to_end(digest)
                 self._used[key_id] = max(self._used.get(key_id, 0), now_ms())
@@ -207,7 +213,7 @@ class Authenticator:
             except CorruptRecord as exc:
                 log.warning("refusing a corrupt api key record: %s", exc.message)
                 continue
-            if record.enabled:
+            if record.enabled and not record.expired():  # an expired key costs no scrypt either
                 candidates.append((record, row))
         if not candidates:
             raise Unauthenticated("unknown credential")  # no scrypt: nothing to compare with
@@ -222,7 +228,13 @@ class Authenticator:
                 scopes_json = row["scopes"]
                 if not await self._db.query(store.confirm, record.id, row["hash"], scopes_json, now_ms()):
                     raise Unauthenticated("unknown credential")  # disabled/deleted/changed meanwhile
-                identity = Identity(kind="api_key", key_id=record.id, scopes=frozenset(record.scopes))
+                identity = Identity(
+                    kind="api_key",
+                    key_id=record.id,
+                    scopes=frozenset(record.scopes),
+                    expires_at=record.expires_at,
+                    policy=record.policy(),
+                )
                 if epoch == self._epochs.get(record.id, 0):
                     self._remember(
                         digest, _Verified(identity, epoch, time.monotonic(), row["hash"], scopes_json)

@@ -35,6 +35,14 @@ def set_enabled(db: Database, key_id: str, enabled: bool) -> dict[str, Any] | No
     return one_row(db, key_id)
 
 
+def update(db: Database, key_id: str, fields: dict[str, Any]) -> dict[str, Any] | None:
+    """Write `fields` (column → value, None clearing a limit); the row after, None if there is no
+    such key."""
+    if fields:
+        ApiKeyTable.update(**fields).where(ApiKeyTable.id == key_id).execute(db.peewee_db)
+    return one_row(db, key_id)
+
+
 def delete(db: Database, key_id: str) -> int:
     return ApiKeyTable.delete().where(ApiKeyTable.id == key_id).execute(db.peewee_db)
 
@@ -44,12 +52,13 @@ def count(db: Database) -> int:
 
 
 def confirm(db: Database, key_id: str, hash_hex: str, scopes_json: str, used_ms: int) -> bool:
-    """The publishing step of a verification: true only if the key is still enabled and unchanged
-    (same hash, same scopes); it also records the use."""
+    """The publishing step of a verification: true only if the key is still enabled, not expired
+    at `used_ms` and unchanged (same hash, same scopes); it also records the use."""
     cursor = db.execute(
         "UPDATE api_keys SET last_used_at = MAX(COALESCE(last_used_at, 0), ?) "
-        "WHERE id = ? AND hash = ? AND scopes = ? AND enabled = 1",
-        (used_ms, key_id, hash_hex, scopes_json),
+        "WHERE id = ? AND hash = ? AND scopes = ? AND enabled = 1 "
+        "AND (expires_at IS NULL OR expires_at > ?)",
+        (used_ms, key_id, hash_hex, scopes_json, used_ms),
     )
     return cursor.rowcount == 1
 
