@@ -412,8 +412,12 @@ def test_store_refuses_to_confirm_an_expired_key(tmp_path: Path) -> None:
             "expires_at": now - 1,
         }
         db.run_sync(lambda: ApiKeyTable.insert(**row).execute())
-        assert not db.query_sync(key_store.confirm, key_id, row["hash"], row["scopes"], now)
-        assert db.query_sync(key_store.confirm, key_id, row["hash"], row["scopes"], now - 2)
+        policy = key_store.policy_of(row)
+        assert not db.query_sync(key_store.confirm, key_id, row["hash"], row["scopes"], policy, now)
+        assert db.query_sync(key_store.confirm, key_id, row["hash"], row["scopes"], policy, now - 2)
+        # An edit of the policy made outside this process fails the periodic re-check too.
+        edited = (now + 60_000, *policy[1:])
+        assert not db.query_sync(key_store.confirm, key_id, row["hash"], row["scopes"], edited, now - 2)
         with pytest.raises(Unauthenticated):
             asyncio.run(auth.authenticate(secret))
     finally:

@@ -8,8 +8,8 @@ Design (docs/auth.md has the long form):
 - An API key costs one scrypt the first time it is seen: fixed-cost format
   check → rows with the same display prefix read and validated in full → scrypt
   in the crypto executor (never on the IOLoop) → a conditional UPDATE (same
-  hash, same scopes, enabled=1) publishes the identity and moves `last_used_at`
-  forward. A key disabled or deleted while scrypt ran fails that UPDATE.
+  hash, scopes and policy, enabled=1, not expired) publishes the identity and
+  moves `last_used_at` forward. A key disabled or deleted while scrypt ran fails that UPDATE.
 - Verified keys are cached in memory, keyed by SHA-256 of the secret; a
   repeat request is a dict lookup and, for a key with `expires_at`, one
   integer compare: an expired key is refused like a disabled one, cached or
@@ -124,6 +124,7 @@ class _Verified:
     checked_at: float
     hash_hex: str
     scopes_json: str
+    policy: tuple[Any, ...]  # the row's policy columns (store.policy_of)
 
 
 class Authenticator:
@@ -199,7 +200,7 @@ class Authenticator:
         key_id = hit.identity.key_id
         assert key_id is not None
         epoch = self._epochs.get(key_id, 0)
-        ok = await self._db.query(store.confirm, key_id, hit.hash_hex, hit.scopes_json, now_ms())
+        ok = await self._db.query(store.confirm, key_id, hit.hash_hex, hit.scopes_json, hit.policy, now_ms())
         return ok and epoch == self._epochs.get(key_id, 0)
 
     async def _verify(self, token: str, digest: bytes) -> tuple[Identity, int]:
@@ -225,8 +226,10 @@ class Authenticator:
                     self._crypto, material.matches, token, record.salt, record.hash
                 ):
                     continue
-                scopes_json = row["scopes"]
-                if not await self._db.query(store.confirm, record.id, row["hash"], scopes_json, now_ms()):
+                scopes_json, policy = row["scopes"], store.policy_of(row)
+                if not await self._db.query(
+                    store.confirm, record.id, row["hash"], scopes_json, policy, now_ms()
+                ):
                     raise Unauthenticated("unknown credential")  # disabled/deleted/changed meanwhile
                 identity = Identity(
                     kind="api_key",
@@ -237,7 +240,8 @@ class Authenticator:
                 )
                 if epoch == self._epochs.get(record.id, 0):
                     self._remember(
-                        digest, _Verified(identity, epoch, time.monotonic(), row["hash"], scopes_json)
+                        digest,
+                        _Verified(identity, epoch, time.monotonic(), row["hash"], scopes_json, policy),
                     )
                 return identity, epoch
         raise Unauthenticated("unknown credential")

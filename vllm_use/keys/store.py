@@ -51,14 +51,27 @@ def count(db: Database) -> int:
     return ApiKeyTable.select().count(db.peewee_db)
 
 
-def confirm(db: Database, key_id: str, hash_hex: str, scopes_json: str, used_ms: int) -> bool:
+# The key policy's columns (docs/auth.md, "API keys"), in the order `confirm` compares them.
+POLICY_COLUMNS = ("expires_at", "models", "rpm", "max_concurrent", "tokens_per_day")
+
+
+def policy_of(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A row's policy columns as stored, for `confirm`."""
+    return tuple(row.get(column) for column in POLICY_COLUMNS)
+
+
+def confirm(
+    db: Database, key_id: str, hash_hex: str, scopes_json: str, policy: tuple[Any, ...], used_ms: int
+) -> bool:
     """The publishing step of a verification: true only if the key is still enabled, not expired
-    at `used_ms` and unchanged (same hash, same scopes); it also records the use."""
+    at `used_ms` and unchanged (same hash, scopes and policy: `policy_of`); it also records the use."""
     cursor = db.execute(
         "UPDATE api_keys SET last_used_at = MAX(COALESCE(last_used_at, 0), ?) "
         "WHERE id = ? AND hash = ? AND scopes = ? AND enabled = 1 "
-        "AND (expires_at IS NULL OR expires_at > ?)",
-        (used_ms, key_id, hash_hex, scopes_json, used_ms),
+        "AND (expires_at IS NULL OR expires_at > ?) "
+        # IS: NULL equals NULL. The columns of POLICY_COLUMNS, in its order.
+        "AND expires_at IS ? AND models IS ? AND rpm IS ? AND max_concurrent IS ? AND tokens_per_day IS ?",
+        (used_ms, key_id, hash_hex, scopes_json, used_ms, *policy),
     )
     return cursor.rowcount == 1
 
