@@ -288,7 +288,16 @@ class RelayHandler(GatewaySurface):
         listed = {entry["id"] for entry in deployments}
         others = [entry for entry in await self._upstream_models() if entry.get("id") not in listed]
         self.set_header("Cache-Control", "no-store")
-        self.write_json({"object": "list", "data": deployments + others})
+        self.write_json({"object": "list", "data": self._allowed(deployments + others)})
+
+    def _allowed(self, entries: list[Any]) -> list[Any]:
+        """The listed models a key with a model list may use: the others do not exist for it
+        (docs/observability.md, "Key limits")."""
+        policy = self.identity.policy if self.identity is not None else None
+        if policy is None or policy.models is None:
+            return entries
+        allows = self.app.limits.allows
+        return [e for e in entries if isinstance(e, dict) and allows(policy.models, str(e.get("id")))]
 
     async def _upstream_models(self) -> list[dict[str, Any]]:
         """The runtime's (or --upstream's) `/v1/models` entries with --model-aliases; [] when none
@@ -322,6 +331,7 @@ class RelayHandler(GatewaySurface):
                 listing["data"].append(
                     {"id": alias, "object": "model", "owned_by": "vllm-use", "root": target}
                 )
+        listing["data"] = self._allowed(listing["data"])
         return json.dumps(listing).encode()
 
     async def _relay(self, method: str, body: bytes | None, rewrite: Any = None) -> None:

@@ -445,6 +445,12 @@ def test_model_outside_the_list_is_answered_exactly_as_an_unknown_one(router: Se
     assert {k: v for k, v in hidden.headers.items() if k not in varying} == {
         k: v for k, v in unknown.headers.items() if k not in varying
     }  # "other" and "ghost" are both 5 letters: the same Content-Length too
+    # Nor does GET /v1/models show it.
+    listed_models = router.fetch("/v1/models", token=listed).json()["data"]
+    assert sorted(m["id"] for m in listed_models) == ["llama", "lm"]
+    assert {"llama", "lm", "other"} <= {
+        m["id"] for m in router.fetch("/v1/models", token=free).json()["data"]
+    }
     # A list that names the alias admits the deployment's own name too.
     _, by_alias = new_key(router, models=["lm"])
     assert chat(router, by_alias, {**CHAT, "model": "llama"}).status_code == 409
@@ -458,6 +464,15 @@ def test_model_list_admits_a_model_alias_of_the_upstream(gw: Client, upstream: F
     refused = chat(gw, secret, {**CHAT, "model": "other"})
     assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
     assert len(upstream.requests) == 2
+    _, free = new_key(gw)
+    upstream.models = ("tiny", "other")
+    try:
+        every = gw.fetch("/v1/models", token=free).json()["data"]
+        mine = gw.fetch("/v1/models", token=secret).json()["data"]
+    finally:
+        upstream.models = ("tiny",)
+    assert sorted(m["id"] for m in every) == ["fast", "other", "tiny"]
+    assert sorted(m["id"] for m in mine) == ["fast", "tiny"]  # "other" does not exist for this key
 
 
 # --- the policy's bounds and api_keys.update ------------------------------------------------------

@@ -86,13 +86,15 @@ class KeyLimits:
         instances = self._instances
         return instances.deployment_of(name) or instances.aliases.get(name, name)
 
+    def allows(self, models: frozenset[str], model: str) -> bool:
+        """Whether `model` is one of `models`, directly or through an alias (either way round)."""
+        return model in models or self._canonical(model) in {self._canonical(name) for name in models}
+
     def check_model(self, models: frozenset[str], model: str | None) -> None:
-        """ModelNotFound unless `model` is one of `models`, directly or through an alias."""
-        if model is not None and model in models:
-            return
+        """ModelNotFound, worded as for a name nothing has, unless `models` allows `model`."""
         if model is None:
             raise ModelNotFound("this key may use only the models named in its list: send `model`")
-        if self._canonical(model) not in {self._canonical(name) for name in models}:
+        if not self.allows(models, model):
             raise ModelNotFound.unknown(model)
 
     # --- the limits ----------------------------------------------------------------------------
