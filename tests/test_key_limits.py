@@ -534,11 +534,21 @@ def test_update_of_an_unknown_key_is_404(gw: Client) -> None:
     assert gw.fetch("/api/keys/" + "Z" * 24, "PATCH", json={"rpm": 5}).status_code == 404
 
 
-def test_create_refuses_an_expiry_in_the_past(gw: Client) -> None:
-    r = gw.fetch(
-        "/api/keys", "POST", json={"name": "x", "scopes": ["inference"], "expires_at": in_seconds(-1)}
-    )
-    assert r.status_code == 400 and r.json()["error"]["errors"][0]["loc"] == ["expires_at"]
+@pytest.mark.parametrize(
+    ("expires_at", "ok"),
+    [
+        ("past", False),
+        ("9999-12-31T23:59:59Z", True),  # the last time an answer can show
+        ("9999-12-31T23:59:59-00:01", False),  # a minute later, in the year 10000
+    ],
+)
+def test_create_takes_an_expiry_in_the_future_up_to_year_9999(gw: Client, expires_at: str, ok: bool) -> None:
+    given = in_seconds(-1) if expires_at == "past" else expires_at
+    r = gw.fetch("/api/keys", "POST", json={"name": "x", "scopes": ["inference"], "expires_at": given})
+    if ok:
+        assert r.status_code == 201 and r.json()["key"]["expires_at"] == "9999-12-31T23:59:59.000Z"
+    else:
+        assert r.status_code == 400 and r.json()["error"]["errors"][0]["loc"] == ["expires_at"]
 
 
 def test_mcp_admin_edits_a_key_and_mcp_read_cannot(gw: Client) -> None:

@@ -111,10 +111,10 @@ class PolicyArgs(Args):
             value = getattr(self, name)
             if name == "expires_at" and value is not None:
                 value = int(parse_aware(value).timestamp() * 1000)
-                if value <= now_ms():
+                if not now_ms() < value <= material.EXPIRES_MAX_MS:
+                    why = "must be in the future, before year 10000"
                     raise InvalidArguments(
-                        "invalid arguments: expires_at: must be in the future",
-                        errors=[{"loc": ["expires_at"], "msg": "must be in the future"}],
+                        f"invalid arguments: expires_at: {why}", errors=[{"loc": ["expires_at"], "msg": why}]
                     )
             elif name == "models" and value is not None:
                 value = json.dumps(value)

@@ -35,6 +35,7 @@ NAME_MAX_BYTES = 128
 SCRYPT_N, SCRYPT_R, SCRYPT_P, HASH_LEN, SALT_LEN = 2**14, 8, 1, 32, 16
 # The policy's bounds (inclusive). A model is named as a deployment is: NAME_PATTERN, ≤ 256 bytes.
 RPM_MAX, CONCURRENT_MAX, TOKENS_PER_DAY_MAX, MODELS_MAX = 100_000, 10_000, 10**12, 64
+EXPIRES_MAX_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z: the last time an ISO answer can show
 LIMIT_BOUNDS = {"rpm": RPM_MAX, "max_concurrent": CONCURRENT_MAX, "tokens_per_day": TOKENS_PER_DAY_MAX}
 _MODEL_NAME_RE = re.compile(NAME_PATTERN)
 
@@ -163,8 +164,8 @@ def parse_row(row: dict[str, Any]) -> KeyRecord:
     if used is not None and (type(used) is not int or used < created):
         raise bad("last_used_at is not a timestamp after created_at")
     expires = row.get("expires_at")
-    if expires is not None and (type(expires) is not int or expires <= created):
-        raise bad("expires_at is not a timestamp after created_at")
+    if expires is not None and (type(expires) is not int or not created < expires <= EXPIRES_MAX_MS):
+        raise bad("expires_at is not a timestamp after created_at, before year 10000")
     limits = {}
     for column, most in LIMIT_BOUNDS.items():
         value = row.get(column)
