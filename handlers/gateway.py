@@ -172,6 +172,8 @@ class GatewaySurface(JsonHandler):
         else:
             code = exc.code if isinstance(exc, VllmUseError) else "error"
             kind = "invalid_request_error" if status_code < 500 else "api_error"
+            if isinstance(exc, RateLimited):  # as OpenAI's: which kind of limit was reached
+                kind = "tokens" if exc.limit == "tokens" else "requests"
             payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         self.finish(json.dumps(payload))
 

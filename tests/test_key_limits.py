@@ -165,7 +165,7 @@ def test_rpm_admits_n_requests_a_minute_and_refuses_the_next_with_openai_headers
     assert 45 < seconds_of(headers.pop("x-ratelimit-reset-requests")) <= 60
     assert headers == {"x-ratelimit-limit-requests": "3", "x-ratelimit-remaining-requests": "0"}
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
-    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert refused.json()["error"]["type"] == "requests"  # OpenAI's type for a request limit
     assert "3 requests per minute" in refused.json()["error"]["message"]
     assert len(upstream.requests) == 3  # the refused one never reached the upstream
 
