@@ -30,7 +30,7 @@ from tests.support.server import Client, Server, eventually, start_app, start_se
 from vllm_use import config as config_mod
 from vllm_use.clock import now_ms
 from vllm_use.deployments.instances import Instances
-from vllm_use.errors import ModelNotFound, RateLimited, Unauthenticated
+from vllm_use.errors import CorruptRecord, ModelNotFound, RateLimited, Unauthenticated
 from vllm_use.keys import material
 from vllm_use.keys import store as key_store
 from vllm_use.keys.authenticator import Authenticator
@@ -423,6 +423,61 @@ def test_store_refuses_to_confirm_an_expired_key(tmp_path: Path) -> None:
     finally:
         auth.close()
         db.close()
+
+
+def stored_row(**policy: Any) -> dict[str, Any]:
+    """An api_keys row as SQLite returns it (no scrypt: parse_row checks the hash's length only)."""
+    return {
+        "id": "r" * 24,
+        "name": "stored",
+        "prefix": "vu_abcdefgh",
+        "salt": "00" * material.SALT_LEN,
+        "hash": "00" * material.HASH_LEN,
+        "enabled": 1,
+        "scopes": '["inference"]',
+        "created_at": 1_000,
+        "last_used_at": None,
+        **policy,
+    }
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"rpm": 0},
+        {"rpm": 100_001},
+        {"rpm": "5"},
+        {"rpm": 5.0},
+        {"max_concurrent": True},
+        {"tokens_per_day": 10**12 + 1},
+        {"models": "[]"},
+        {"models": '["a", "a"]'},
+        {"models": '["bad name"]'},
+        {"models": json.dumps([f"m{i}" for i in range(65)])},
+        {"models": "llama"},
+        {"expires_at": 1_000},  # not after created_at
+        {"expires_at": material.EXPIRES_MAX_MS + 1},
+    ],
+)
+def test_a_hand_edited_policy_out_of_bounds_is_a_corrupt_record(policy: dict[str, Any]) -> None:
+    with pytest.raises(CorruptRecord) as caught:
+        material.parse_row(stored_row(**policy))
+    assert next(iter(policy)) in caught.value.message
+
+
+def test_a_stored_policy_at_its_bounds_is_read_back() -> None:
+    record = material.parse_row(
+        stored_row(
+            rpm=100_000,
+            max_concurrent=10_000,
+            tokens_per_day=10**12,
+            models=json.dumps(["lm", "llama"]),
+            expires_at=material.EXPIRES_MAX_MS,
+        )
+    )
+    assert record.policy() == KeyPolicy(frozenset({"lm", "llama"}), 100_000, 10_000, 10**12)
+    assert record.expires_at == material.EXPIRES_MAX_MS and not record.expired()
+    assert material.parse_row(stored_row()).policy() is None  # no policy: the gateway skips it
 
 
 # --- the model list -------------------------------------------------------------------------------

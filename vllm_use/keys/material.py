@@ -99,9 +99,8 @@ class KeyRecord:
 
     def policy(self) -> KeyPolicy | None:
         """The model list and limits the gateway enforces; None when the key has neither."""
-        if self.models is None and self.rpm is None and self.max_concurrent is None:
-            if self.tokens_per_day is None:
-                return None
+        if (self.models, self.rpm, self.max_concurrent, self.tokens_per_day) == (None, None, None, None):
+            return None
         models = None if self.models is None else frozenset(self.models)
         return KeyPolicy(models, self.rpm, self.max_concurrent, self.tokens_per_day)
 
