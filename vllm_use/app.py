@@ -44,6 +44,7 @@ from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import Supervisor
 from vllm_use.storage import Database
 from vllm_use.tools.toolbox import Toolbox
+from vllm_use.usage import store as usage_store
 from vllm_use.usage.ledger import UsageLedger
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,8 @@ def build_context(config: Config) -> AppContext:
     app.lifecycle.add_running_check(app.runtime.is_running)
     app.lifecycle.add_running_check(app.instances.is_running)
     app.instances.loader = lambda name, one_more: deployments.begin_load(app, name, one_more)
+    # Today's tokens per key start from the rollups (docs/observability.md, "Token accounting").
+    app.usage.seed(app.usage.day, db.query_sync(usage_store.tokens_on, app.usage.day))
     return app
 
 
