@@ -3,8 +3,10 @@ limits (rpm, max_concurrent, tokens_per_day), each at its edge, with the 429 hea
 Anthropic's SDKs read, and `api_keys.update` over /api and MCP.
 
 The gateway runs in this process against the fake upstream (tests/fakes/upstream.py), which
-records what reached it; the model list's "as if unknown" needs router mode, so a second server
-has two deployments that never load (`--no-autoload`).
+records what reached it and answers with usage, which fills the tokens of the day; the model list's
+"as if unknown" needs router mode, so a second server has two deployments that never load
+(`--no-autoload`). `KeyLimits` is also driven directly, with the real `UsageLedger` and
+`Instances`, for what a client cannot see (the refusal counters, a deleted key's state).
 """
 
 from __future__ import annotations
@@ -291,6 +293,32 @@ def test_openai_sdk_retries_after_retry_after_and_succeeds_once_the_stream_ended
 
 
 # --- tokens_per_day -------------------------------------------------------------------------------
+
+
+def test_tokens_per_day_admits_while_the_days_tokens_are_below_the_limit(gw: Client) -> None:
+    """Each answer's usage (streamed or not) counts once the request ended; the request that
+    crosses the limit completes, the next one is refused."""
+    _, probe = new_key(gw)
+    usage = chat(gw, probe).json()["usage"]
+    cost = usage["prompt_tokens"] + usage["completion_tokens"]
+    assert cost > 0
+    for limit, admitted in ((2 * cost, 2), (2 * cost + 1, 3)):
+        _, secret = new_key(gw, tokens_per_day=limit)
+        answers = []
+        for n in range(admitted + 1):
+            if n % 2:
+                answers.append(chat(gw, secret))
+            else:  # a stream's tokens count as much as the same answer's in one piece
+                answers.append(chat(gw, secret, STREAM))
+        assert [r.status_code for r in answers] == [200] * admitted + [429], limit
+        left = [r.headers["x-ratelimit-remaining-tokens"] for r in answers]
+        assert left == [str(limit - n * cost) for n in range(admitted)] + ["0"]
+        assert {r.headers["x-ratelimit-limit-tokens"] for r in answers} == {str(limit)}
+        refused = answers[-1]
+        assert refused.json()["error"]["type"] == "tokens"
+        midnight = 86_400 - int(time.time()) % 86_400
+        assert abs(int(refused.headers["retry-after"]) - midnight) <= 2
+        assert abs(seconds_of(refused.headers["x-ratelimit-reset-tokens"]) - midnight) <= 2
 
 
 @pytest.fixture
