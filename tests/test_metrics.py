@@ -1,0 +1,263 @@
+"""`GET /metrics` (docs/observability.md, "Metrics"): who may read it, that Prometheus's own tools
+accept it, that its counters move by exactly the requests made, and that reading it never loads,
+wakes or uses a deployment's instance.
+
+One vllm-use for the module: `/v1` relays to the fake upstream (`--upstream`) for model `tiny`, and
+three deployments run the fake vLLM (which serves vLLM's `/metrics`): `llama` and `broken` (whose
+`/metrics` answers 500) loaded, `idle` never loaded. A real Prometheus scrapes it in one test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fakes import fake_vllm_bin
+from tests.fakes.upstream import FakeUpstream, running
+from tests.support.deployments import add_deployment, instance, load, streaming
+from tests.support.prometheus import promtool_check, scraping
+from tests.support.server import Server, eventually, free_port, start_app, start_server
+
+UPSTREAM_KEY = "upstream-key-0123456789abcdef"
+CHAT = "/v1/chat/completions"
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstream]:
+    yield from running(api_key=UPSTREAM_KEY)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, upstream: FakeUpstream) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("metrics")
+    # llama streams slowly, so a test can read the metrics while one of its streams is open.
+    vllm = fake_vllm_bin(
+        tmp / "bin",
+        max_lifetime=300,
+        by_name={"broken": {"metrics_fails": 1}, "llama": {"token_seconds": 0.05}},
+    )
+    first = free_port()
+    server = start_server(
+        tmp / "data",
+        "--upstream",
+        upstream.url,
+        "--vllm-bin",
+        str(vllm),
+        "--runtime-ports",
+        f"{first}-{first + 9}",
+        "--max-loaded",
+        "3",
+        env={"VLLM_USE_UPSTREAM_API_KEY": UPSTREAM_KEY},
+    )
+    try:
+        add_deployment(server, "llama", idle_timeout_s=600)
+        add_deployment(server, "idle")
+        add_deployment(server, "broken")
+        for name in ("llama", "broken"):
+            assert load(server, name).status_code == 200
+        yield {
+            "server": server,
+            "metrics": server.create_key("metrics", name="prometheus")[1],
+            "inference": server.create_key("inference", name="client")[1],
+        }
+    finally:
+        server.stop()
+
+
+def scrape(server: Server, key: str) -> Samples:
+    r = server.fetch("/metrics", token=key)
+    assert r.status_code == 200, r.text
+    found: Samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def chat(server: Server, key: str, model: str, **extra: Any) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 3, **extra}
+    return server.fetch(CHAT, "POST", json=body, token=key)
+
+
+# --- who may read it --------------------------------------------------------------------------------
+
+
+def test_only_a_metrics_key_reads_the_metrics_and_every_refusal_is_counted(served: dict[str, Any]) -> None:
+    server, key = served["server"], served["metrics"]
+    before = scrape(server, key)
+    refused = [
+        server.fetch("/metrics", token=None),
+        server.fetch("/metrics", token=served["inference"]),
+        server.fetch("/metrics"),  # the admin token is a credential on /api only
+        server.fetch("/metrics", token="vu_" + "x" * 48),
+    ]
+    assert [r.status_code for r in refused] == [401, 401, 401, 401]
+    assert all(r.headers["WWW-Authenticate"].startswith("Bearer") for r in refused)
+    assert chat(server, "not-a-key", "tiny").status_code == 401
+    r = server.fetch("/metrics", token=key)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert r.headers["Cache-Control"] == "no-store"
+    after = scrape(server, key)
+    failures = "vllm_use_auth_failures_total"
+    assert value(after, failures, surface="metrics") - value(before, failures, surface="metrics") == 4
+    assert value(after, failures, surface="gateway") - value(before, failures, surface="gateway") == 1
+    assert value(after, failures, surface="api") == value(before, failures, surface="api")
+
+
+def test_metrics_public_serves_them_without_a_key_and_the_overview_shows_the_last_minute(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    env = {"VLLM_USE_UPSTREAM_API_KEY": UPSTREAM_KEY}
+    app = start_app(tmp_path / "data", "--metrics-public", "--upstream", upstream.url, env=env)
+    try:
+        key = app.create_key("inference")[1]
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(3):
+            assert app.fetch(CHAT, "POST", json=body, token=None, headers=headers).status_code == 200
+        traffic = app.fetch("/api/dashboard").json()["traffic"]
+        assert traffic == {"requests_per_s": 0.05, "window_s": 60, "active_streams": 0}
+        r = app.fetch("/metrics", token=None)
+        assert r.status_code == 200
+        line = f'vllm_use_requests_total{{deployment="",route="{CHAT}",status="2xx"}} 3.0'
+        assert line in r.text.splitlines()
+        checked = promtool_check(r.content)  # vllm-use's own families: not one finding
+        assert (checked.returncode, checked.stdout + checked.stderr) == (0, "")
+    finally:
+        app.stop()
+
+
+# --- the exposition ---------------------------------------------------------------------------------
+
+
+def test_promtool_accepts_the_exposition_with_vllms_metrics_merged_in(served: dict[str, Any]) -> None:
+    server, key = served["server"], served["metrics"]
+    assert chat(server, served["inference"], "tiny").status_code == 200
+    assert chat(server, served["inference"], "llama").status_code == 200
+    r = server.fetch("/metrics", token=key)
+    assert "vllm:num_requests_running{" in r.text and 'deployment="llama"' in r.text
+    checked = promtool_check(r.content)
+    # vLLM's names keep their colon (so vLLM's dashboards apply): promtool's linter says so, and
+    # that is all it finds (exit 3: lint findings only; a malformed exposition is exit 1).
+    findings = (checked.stdout + checked.stderr).splitlines()
+    vllm_families = {line.split()[2] for line in r.text.splitlines() if line.startswith("# TYPE vllm:")}
+    assert checked.returncode == 3 and len(vllm_families) == 3
+    assert sorted(findings) == sorted(f"{name} metric names should not contain ':'" for name in vllm_families)
+
+
+def test_requests_are_counted_by_route_deployment_and_status_class(served: dict[str, Any]) -> None:
+    server, key, client = served["server"], served["metrics"], served["inference"]
+    before = scrape(server, key)
+    answers = [chat(server, client, "tiny") for _ in range(3)]
+    answers.append(chat(server, client, "no-such-model"))  # the upstream's 404, relayed
+    answers += [server.fetch("/v1/models", token=client) for _ in range(2)]
+    answers.append(chat(server, client, "llama"))
+    answers.append(chat(server, "wrong", "tiny"))  # refused before the upstream: no first byte
+    assert [r.status_code for r in answers] == [200, 200, 200, 404, 200, 200, 200, 401]
+    after = scrape(server, key)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    requests = "vllm_use_requests_total"
+    assert moved(requests, route=CHAT, deployment="", status="2xx") == 3
+    assert moved(requests, route=CHAT, deployment="", status="4xx") == 2
+    assert moved(requests, route="/v1/models", deployment="", status="2xx") == 2
+    assert moved(requests, route=CHAT, deployment="llama", status="2xx") == 1
+    assert moved(requests, route=CHAT, deployment="llama", status="4xx") == 0
+    assert moved("vllm_use_request_duration_seconds_count", route=CHAT, deployment="") == 5
+    assert moved("vllm_use_request_duration_seconds_count", route=CHAT, deployment="llama") == 1
+    # the first byte is the upstream's: the 401 is ours, and so is /v1/models' listing of deployments
+    assert moved("vllm_use_time_to_first_byte_seconds_count", route=CHAT, deployment="") == 4
+    assert moved("vllm_use_time_to_first_byte_seconds_count", route="/v1/models", deployment="") == 0
+    assert moved("vllm_use_time_to_first_byte_seconds_count", route=CHAT, deployment="llama") == 1
+    total = sum(v for (name, _), v in after.items() if name == requests)
+    assert total - sum(v for (name, _), v in before.items() if name == requests) == len(answers)
+
+
+def test_an_open_stream_is_in_flight_and_a_client_that_leaves_is_counted_as_499(
+    served: dict[str, Any],
+) -> None:
+    server, key, client = served["server"], served["metrics"], served["inference"]
+    before = scrape(server, key)
+    with streaming(server, client, "llama"):
+        during = scrape(server, key)
+        traffic = server.fetch("/api/dashboard").json()["traffic"]
+    assert value(during, "vllm_use_requests_in_flight") == 1
+    assert value(during, "vllm_use_deployment_requests_in_flight", deployment="llama") == 1
+    assert value(during, "vllm:num_requests_running", deployment="llama", engine="0", model_name="llama") == 1
+    assert traffic["active_streams"] == 1
+    gone = ("vllm_use_requests_total", (("deployment", "llama"), ("route", CHAT), ("status", "499")))
+
+    def counted() -> bool:
+        return scrape(server, key).get(gone, 0.0) - before.get(gone, 0.0) == 1
+
+    eventually(counted, timeout=30)  # once the gateway sees the client gone (one token later)
+
+
+# --- a scrape reads, never acts ---------------------------------------------------------------------
+
+
+def test_vllm_metrics_come_from_ready_instances_only_each_labelled_with_its_deployment(
+    served: dict[str, Any],
+) -> None:
+    server, key = served["server"], served["metrics"]
+    first = scrape(server, key)
+    second = scrape(server, key)
+    vllm = {labels for (name, labels) in second if name == "vllm:num_requests_waiting"}
+    assert vllm == {(("deployment", "llama"), ("engine", "0"), ("model_name", "llama"))}
+    # broken's /metrics answers 500: left out, and counted once per scrape
+    errors = "vllm_use_vllm_scrape_errors_total"
+    assert value(second, errors, deployment="broken") - value(first, errors, deployment="broken") == 1
+    assert value(second, errors, deployment="llama") == 0
+    assert value(second, "vllm_use_deployment_state", deployment="broken", state="ready") == 1
+
+
+def test_a_scrape_never_loads_an_instance_nor_moves_an_idle_timer(served: dict[str, Any]) -> None:
+    server, key = served["server"], served["metrics"]
+    llama = instance(server, "llama")
+    assert llama["state"] == "ready" and llama["idle_deadline"] is not None
+    for _ in range(3):
+        samples = scrape(server, key)
+    assert instance(server, "idle")["state"] == "unloaded"
+    assert value(samples, "vllm_use_deployment_state", deployment="idle", state="unloaded") == 1
+    assert value(samples, "vllm_use_deployment_state", deployment="idle", state="starting") == 0
+    assert value(samples, "vllm_use_deployment_loads_total", deployment="idle") == 0
+    assert value(samples, "vllm_use_deployment_loads_total", deployment="llama") == 1
+    after = instance(server, "llama")
+    assert (after["idle_deadline"], after["last_used"]) == (llama["idle_deadline"], llama["last_used"])
+
+
+# --- a real Prometheus ------------------------------------------------------------------------------
+
+
+def test_a_real_prometheus_scrapes_the_request_counter_with_a_metrics_key(
+    served: dict[str, Any], tmp_path: Path
+) -> None:
+    server, key, client = served["server"], served["metrics"], served["inference"]
+    with scraping(tmp_path / "prometheus", server.base_url, key) as prometheus:
+        base = scrape(server, key)
+        made = 4
+        for _ in range(made):
+            assert chat(server, client, "tiny").status_code == 200
+        expected = value(base, "vllm_use_requests_total", route=CHAT, deployment="", status="2xx") + made
+        query = f'vllm_use_requests_total{{route="{CHAT}",deployment="",status="2xx",job="vllm-use"}}'
+        eventually(lambda: prometheus.value(query) == expected, timeout=30, interval=0.5)
+        llama = 'vllm:num_requests_running{deployment="llama"}'
+        assert (
+            eventually(lambda: prometheus.query(llama), timeout=30, interval=0.5)[0]["metric"]["model_name"]
+            == "llama"
+        )
+        assert json.dumps(prometheus.target_health()).count('"health": "up"') == 1
