@@ -14,8 +14,9 @@ import httpx
 import openai
 import pytest
 
+from tests.support.prometheus import read_metrics, scraping, value
 from tests.support.real_vllm import RealVllm, serving_real_vllm, settle
-from tests.support.server import Server, free_port
+from tests.support.server import Server, eventually, free_port
 
 try:  # anthropic >= 2 is built on httpx2 and refuses httpx clients
     import httpx2 as anthropic_httpx
@@ -112,3 +113,31 @@ def test_anthropic_sdk_messages_through_the_gateway(gateway: tuple[Server, str])
     assert events[0] == "message_start" and "message_stop" in events
     count = client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "Hello there"}])
     assert count.input_tokens > 0
+
+
+def test_a_real_prometheus_scrapes_the_gateway_and_the_real_vllm_behind_it(
+    gateway: tuple[Server, str], tmp_path: Path
+) -> None:
+    """docs/observability.md, "Metrics": runtime.switch made `tiny` a deployment, so its requests
+    and vLLM's own metrics carry deployment="tiny"."""
+    server, key = gateway
+    metrics_key = server.create_key("metrics", name="prometheus")[1]
+    client = openai.OpenAI(
+        api_key=key,
+        base_url=server.base_url + "/v1",
+        http_client=httpx.Client(trust_env=False),
+        max_retries=0,
+    )
+    labels = {"route": "/v1/chat/completions", "deployment": "tiny", "status": "2xx"}
+    chats = "vllm_use_requests_total{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    with scraping(tmp_path / "prometheus", server.base_url, metrics_key) as prometheus:
+        before = value(read_metrics(server, metrics_key), "vllm_use_requests_total", **labels)
+        message = [{"role": "user", "content": "Hello"}]
+        client.chat.completions.create(model="tiny", messages=message, max_tokens=8)
+        list(client.chat.completions.create(model="tiny", messages=message, max_tokens=8, stream=True))
+        eventually(lambda: prometheus.value(chats) == before + 2, timeout=30, interval=0.5)
+        running = eventually(
+            lambda: prometheus.query('vllm:num_requests_running{deployment="tiny"}'), timeout=30, interval=0.5
+        )
+    assert [sample["metric"]["model_name"] for sample in running] == ["tiny"]
+    assert running[0]["metric"]["job"] == "vllm-use"

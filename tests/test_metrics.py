@@ -10,6 +10,7 @@ three deployments run the fake vLLM (which serves vLLM's `/metrics`): `llama` an
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import fake_vllm_bin
 from tests.fakes.upstream import FakeUpstream, running
+from tests.support import REPO
 from tests.support.deployments import add_deployment, instance, load, streaming
-from tests.support.prometheus import promtool_check, scraping
+from tests.support.prometheus import promtool_check, read_metrics, scraping, value
 from tests.support.server import Server, eventually, free_port, start_app, start_server
 
 UPSTREAM_KEY = "upstream-key-0123456789abcdef"
 CHAT = "/v1/chat/completions"
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @pytest.fixture(scope="module")
@@ -71,20 +72,6 @@ def served(tmp_path_factory: pytest.TempPathFactory, upstream: FakeUpstream) -> 
         server.stop()
 
 
-def scrape(server: Server, key: str) -> Samples:
-    r = server.fetch("/metrics", token=key)
-    assert r.status_code == 200, r.text
-    found: Samples = {}
-    for family in text_string_to_metric_families(r.text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
 def chat(server: Server, key: str, model: str, **extra: Any) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 3, **extra}
     return server.fetch(CHAT, "POST", json=body, token=key)
@@ -95,7 +82,7 @@ def chat(server: Server, key: str, model: str, **extra: Any) -> httpx.Response:
 
 def test_only_a_metrics_key_reads_the_metrics_and_every_refusal_is_counted(served: dict[str, Any]) -> None:
     server, key = served["server"], served["metrics"]
-    before = scrape(server, key)
+    before = read_metrics(server, key)
     refused = [
         server.fetch("/metrics", token=None),
         server.fetch("/metrics", token=served["inference"]),
@@ -109,7 +96,7 @@ def test_only_a_metrics_key_reads_the_metrics_and_every_refusal_is_counted(serve
     assert r.status_code == 200
     assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert r.headers["Cache-Control"] == "no-store"
-    after = scrape(server, key)
+    after = read_metrics(server, key)
     failures = "vllm_use_auth_failures_total"
     assert value(after, failures, surface="metrics") - value(before, failures, surface="metrics") == 4
     assert value(after, failures, surface="gateway") - value(before, failures, surface="gateway") == 1
@@ -153,20 +140,20 @@ def test_promtool_accepts_the_exposition_with_vllms_metrics_merged_in(served: di
     # that is all it finds (exit 3: lint findings only; a malformed exposition is exit 1).
     findings = (checked.stdout + checked.stderr).splitlines()
     vllm_families = {line.split()[2] for line in r.text.splitlines() if line.startswith("# TYPE vllm:")}
-    assert checked.returncode == 3 and len(vllm_families) == 3
+    assert checked.returncode == 3 and len(vllm_families) == 4
     assert sorted(findings) == sorted(f"{name} metric names should not contain ':'" for name in vllm_families)
 
 
 def test_requests_are_counted_by_route_deployment_and_status_class(served: dict[str, Any]) -> None:
     server, key, client = served["server"], served["metrics"], served["inference"]
-    before = scrape(server, key)
+    before = read_metrics(server, key)
     answers = [chat(server, client, "tiny") for _ in range(3)]
     answers.append(chat(server, client, "no-such-model"))  # the upstream's 404, relayed
     answers += [server.fetch("/v1/models", token=client) for _ in range(2)]
     answers.append(chat(server, client, "llama"))
     answers.append(chat(server, "wrong", "tiny"))  # refused before the upstream: no first byte
     assert [r.status_code for r in answers] == [200, 200, 200, 404, 200, 200, 200, 401]
-    after = scrape(server, key)
+    after = read_metrics(server, key)
 
     def moved(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
@@ -191,9 +178,9 @@ def test_an_open_stream_is_in_flight_and_a_client_that_leaves_is_counted_as_499(
     served: dict[str, Any],
 ) -> None:
     server, key, client = served["server"], served["metrics"], served["inference"]
-    before = scrape(server, key)
+    before = read_metrics(server, key)
     with streaming(server, client, "llama"):
-        during = scrape(server, key)
+        during = read_metrics(server, key)
         traffic = server.fetch("/api/dashboard").json()["traffic"]
     assert value(during, "vllm_use_requests_in_flight") == 1
     assert value(during, "vllm_use_deployment_requests_in_flight", deployment="llama") == 1
@@ -202,7 +189,7 @@ def test_an_open_stream_is_in_flight_and_a_client_that_leaves_is_counted_as_499(
     gone = ("vllm_use_requests_total", (("deployment", "llama"), ("route", CHAT), ("status", "499")))
 
     def counted() -> bool:
-        return scrape(server, key).get(gone, 0.0) - before.get(gone, 0.0) == 1
+        return read_metrics(server, key).get(gone, 0.0) - before.get(gone, 0.0) == 1
 
     eventually(counted, timeout=30)  # once the gateway sees the client gone (one token later)
 
@@ -214,8 +201,8 @@ def test_vllm_metrics_come_from_ready_instances_only_each_labelled_with_its_depl
     served: dict[str, Any],
 ) -> None:
     server, key = served["server"], served["metrics"]
-    first = scrape(server, key)
-    second = scrape(server, key)
+    first = read_metrics(server, key)
+    second = read_metrics(server, key)
     vllm = {labels for (name, labels) in second if name == "vllm:num_requests_waiting"}
     assert vllm == {(("deployment", "llama"), ("engine", "0"), ("model_name", "llama"))}
     # broken's /metrics answers 500: left out, and counted once per scrape
@@ -230,7 +217,7 @@ def test_a_scrape_never_loads_an_instance_nor_moves_an_idle_timer(served: dict[s
     llama = instance(server, "llama")
     assert llama["state"] == "ready" and llama["idle_deadline"] is not None
     for _ in range(3):
-        samples = scrape(server, key)
+        samples = read_metrics(server, key)
     assert instance(server, "idle")["state"] == "unloaded"
     assert value(samples, "vllm_use_deployment_state", deployment="idle", state="unloaded") == 1
     assert value(samples, "vllm_use_deployment_state", deployment="idle", state="starting") == 0
@@ -248,7 +235,7 @@ def test_a_real_prometheus_scrapes_the_request_counter_with_a_metrics_key(
 ) -> None:
     server, key, client = served["server"], served["metrics"], served["inference"]
     with scraping(tmp_path / "prometheus", server.base_url, key) as prometheus:
-        base = scrape(server, key)
+        base = read_metrics(server, key)
         made = 4
         for _ in range(made):
             assert chat(server, client, "tiny").status_code == 200
@@ -261,3 +248,56 @@ def test_a_real_prometheus_scrapes_the_request_counter_with_a_metrics_key(
             == "llama"
         )
         assert json.dumps(prometheus.target_health()).count('"health": "up"') == 1
+
+
+# --- the Grafana dashboard --------------------------------------------------------------------------
+
+PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "group_left",
+    "group_right",
+}
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: identifiers that are no function, keyword,
+    label matcher, grouping label or range."""
+    text = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", expr)  # label matchers and ranges
+    text = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", " ", text)  # grouping labels
+    found = re.findall(r"(?<![\w:$.])([A-Za-z_:][\w:]*)(?![\w:]|\s*\()", text)
+    return set(found) - PROMQL_WORDS
+
+
+def test_the_grafana_dashboard_queries_only_metrics_vllm_use_exposes(served: dict[str, Any]) -> None:
+    server, key = served["server"], served["metrics"]
+    text = server.fetch("/metrics", token=key).text
+    exposed = {
+        family.name + suffix
+        for family in text_string_to_metric_families(text)
+        for suffix in SUFFIXES.get(family.type, ("",))
+    }
+    dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 20
+    queried: set[str] = set()
+    for expr in exprs:
+        names = metric_names(expr)
+        assert names, expr
+        queried |= names
+    for variable in dashboard["templating"]["list"]:
+        queried |= set(re.findall(r"label_values\((\w+),", variable["query"]["query"]))
+    assert queried <= exposed, sorted(queried - exposed)
+    assert {
+        "vllm_use_requests_total",
+        "vllm_use_time_to_first_byte_seconds_bucket",
+        "vllm:num_requests_running",
+    } <= queried

@@ -102,8 +102,9 @@ environment without them, so tests set them in a wrapper script (`fake_vllm_bin`
   FAKE_VLLM_METRICS_FAILS=1     `GET /metrics` answers 500 (the rest works): an instance whose metrics
                                 cannot be read. Without it, /metrics serves a few of vLLM's families in the
                                 Prometheus text format with its labels (`engine`, `model_name`):
-                                `vllm:num_requests_running` (the streams under way), `..._waiting` (0) and
-                                `vllm:generation_tokens_total` (the streamed pieces so far).
+                                `vllm:num_requests_running` (the streams under way), `..._waiting` (0),
+                                `vllm:kv_cache_usage_perc` (0) and `vllm:generation_tokens_total` (the
+                                streamed pieces so far).
   FAKE_VLLM_MAX_LIFETIME=600    Safety net: the main process and its children exit by themselves after
                                 this many seconds (0 = never), so a forgotten test process doesn't linger.
 
@@ -787,6 +788,7 @@ class App:
         families = [
             ("vllm:num_requests_running", "Number of requests in model execution batches.", "gauge", running),
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "gauge", 0),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge", 0),
             ("vllm:generation_tokens_total", "Number of generation tokens processed.", "counter", generated),
         ]
         lines = []

@@ -1,5 +1,6 @@
 """A real Prometheus (Debian's `prometheus` package, `make test-deps`) scraping a vllm-use, and
-`promtool check metrics` (docs/observability.md, "Metrics").
+`promtool check metrics` (docs/observability.md, "Metrics"), and `read_metrics`: vllm-use's own
+`GET /metrics`, parsed.
 
 `scraping(tmp, target, key)` starts `/usr/bin/prometheus` on a free loopback port with a temporary
 TSDB and a one-job config that sends `key` as Prometheus's `authorization: {credentials: …}` every
@@ -17,12 +18,30 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.server import eventually, free_port
+from tests.support.server import Client, eventually, free_port
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 READY_TIMEOUT_S = 60.0  # it is ready within a few seconds; the bound only ends a hang
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def read_metrics(server: Client, key: str | None) -> Samples:
+    """`GET /metrics` with `key`, parsed: (sample name, sorted labels) → value."""
+    r = server.fetch("/metrics", token=key)
+    assert r.status_code == 200, r.text
+    found: Samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """A sample's value; 0 when it is absent (a counter that never moved)."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def promtool_check(exposition: bytes) -> subprocess.CompletedProcess[str]:

@@ -38,9 +38,9 @@ if TYPE_CHECKING:
 disable_created_metrics()
 
 # /v1 requests last from milliseconds (an error, /v1/models) to minutes (a long generation).
-DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+DURATION_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 # The first byte: a prefill on a warm instance, or a load on demand before it.
-FIRST_BYTE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+FIRST_BYTE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 WINDOW_S = 60  # dashboard.get's traffic: request ends over the last minute
 
 
