@@ -2,15 +2,18 @@
 accept it, that its counters move by exactly the requests made, and that reading it never loads,
 wakes or uses a deployment's instance.
 
-One vllm-use for the module: `/v1` relays to the fake upstream (`--upstream`) for model `tiny`, and
+One vllm-use for the module: `/v1` relays to the fake upstream (`--upstream`) for model `tiny`,
 three deployments run the fake vLLM (which serves vLLM's `/metrics`): `llama` and `broken` (whose
-`/metrics` answers 500) loaded, `idle` never loaded. A real Prometheus scrapes it in one test.
+`/metrics` answers 500) loaded, `idle` never loaded, and downloads come from the fake hub. A real
+Prometheus scrapes it in one test.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import fake_vllm_bin
+from tests.fakes.hub import FakeHub
 from tests.fakes.upstream import FakeUpstream, running
 from tests.support import REPO
 from tests.support.deployments import add_deployment, instance, load, streaming
@@ -28,6 +32,7 @@ from tests.support.server import Server, eventually, free_port, start_app, start
 
 UPSTREAM_KEY = "upstream-key-0123456789abcdef"
 CHAT = "/v1/chat/completions"
+REPO_FILES = {"config.json": b'{"model_type": "llama"}\n', "model.safetensors": b"w" * 6000}
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +43,8 @@ def upstream() -> Iterator[FakeUpstream]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, upstream: FakeUpstream) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("metrics")
+    hub = FakeHub().start()
+    hub.add_repo("org/tiny", REPO_FILES)
     # llama streams slowly, so a test can read the metrics while one of its streams is open.
     vllm = fake_vllm_bin(
         tmp / "bin",
@@ -55,7 +62,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, upstream: FakeUpstream) -> 
         f"{first}-{first + 9}",
         "--max-loaded",
         "3",
-        env={"VLLM_USE_UPSTREAM_API_KEY": UPSTREAM_KEY},
+        "--hf-bin",
+        str(Path(sys.executable).with_name("hf")),
+        env={"VLLM_USE_UPSTREAM_API_KEY": UPSTREAM_KEY, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp / "hf")},
     )
     try:
         add_deployment(server, "llama", idle_timeout_s=600)
@@ -70,6 +79,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, upstream: FakeUpstream) -> 
         }
     finally:
         server.stop()
+        hub.stop()
 
 
 def chat(server: Server, key: str, model: str, **extra: Any) -> httpx.Response:
@@ -192,6 +202,55 @@ def test_an_open_stream_is_in_flight_and_a_client_that_leaves_is_counted_as_499(
         return read_metrics(server, key).get(gone, 0.0) - before.get(gone, 0.0) == 1
 
     eventually(counted, timeout=30)  # once the gateway sees the client gone (one token later)
+
+
+def test_a_resumable_stream_is_a_live_session_then_a_finished_one(
+    served: dict[str, Any], upstream: FakeUpstream
+) -> None:
+    server, key = served["server"], served["metrics"]
+    sessions = "vllm_use_stream_sessions"
+    before = read_metrics(server, key)
+    released = threading.Event()
+    upstream.hold_after_first = released  # the upstream sends the rest once the test has read a scrape
+    headers = {"Authorization": f"Bearer {served['inference']}", "X-Conversation-Id": "metrics-conv-1"}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    try:
+        with server.client.stream("POST", server.base_url + CHAT, json=body, headers=headers) as r:
+            chunks = r.iter_raw()
+            next(chunks)
+            during = read_metrics(server, key)
+            released.set()
+            rest = b"".join(chunks)
+    finally:
+        upstream.reset()
+    assert rest.endswith(b"data: [DONE]\n\n")
+    after = read_metrics(server, key)
+    assert value(during, sessions, state="live") - value(before, sessions, state="live") == 1
+    assert value(during, "vllm_use_stream_buffer_bytes") > 0
+    assert value(after, sessions, state="live") == value(before, sessions, state="live")
+    assert value(after, sessions, state="finished") - value(before, sessions, state="finished") == 1
+
+
+def test_a_download_is_counted_by_outcome_with_the_bytes_it_wrote(served: dict[str, Any]) -> None:
+    server, key = served["server"], served["metrics"]
+    before = read_metrics(server, key)
+    r = server.fetch("/api/models/huggingface", "POST", json={"repository": "org/tiny"})
+    assert r.status_code == 201, r.text
+    r = server.fetch("/api/downloads", "POST", json={"model_id": r.json()["model"]["id"]})
+    assert r.status_code == 201, r.text
+    path = f"/api/downloads/{r.json()['task']['id']}"
+    task = eventually(
+        lambda: (t := server.fetch(path).json()["task"])["status"] != "running" and t, timeout=60
+    )
+    size = sum(len(data) for data in REPO_FILES.values())
+    assert task["status"] == "succeeded" and task["bytes_done"] == size
+    after = read_metrics(server, key)
+    for outcome, moved in (("succeeded", 1), ("failed", 0), ("canceled", 0)):
+        downloads = "vllm_use_downloads_total"
+        assert value(after, downloads, outcome=outcome) - value(before, downloads, outcome=outcome) == moved
+    assert (
+        value(after, "vllm_use_download_bytes_total") - value(before, "vllm_use_download_bytes_total") == size
+    )
 
 
 # --- a scrape reads, never acts ---------------------------------------------------------------------
