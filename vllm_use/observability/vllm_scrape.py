@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from prometheus_client import Counter
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -89,7 +90,7 @@ async def fetch(origin: str) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-async def scrape_instances(app: AppContext, errors: Any) -> list[Metric]:
+async def scrape_instances(app: AppContext, errors: Counter) -> list[Metric]:
     """The merged, labelled vLLM families of every instance that answered; `errors` (the
     `vllm_use_vllm_scrape_errors` counter) counts the others."""
     targets = origins(app)
