@@ -103,7 +103,7 @@ async def scrape_instances(app: AppContext, errors: Counter) -> list[Metric]:
         if isinstance(result, str):
             texts[name] = result
         elif isinstance(result, (OSError, HTTPClientError, StreamClosedError, _TooLarge, TimeoutError)):
-            log.info("vLLM metrics of deployment %r not read: %s", name, result)
+            log.debug("vLLM metrics of deployment %r not read: %s", name, result)
             errors.labels(name).inc()
         else:
             raise result
@@ -124,7 +124,7 @@ def merge(texts: dict[str, str]) -> tuple[list[Metric], list[str]]:
         try:
             parsed = list(text_string_to_metric_families(text))
         except (ValueError, IndexError, KeyError) as exc:
-            log.info("vLLM metrics of deployment %r did not parse: %s", name, exc)
+            log.debug("vLLM metrics of deployment %r did not parse: %s", name, exc)
             broken.append(name)
             continue
         for family in parsed:
