@@ -10,16 +10,22 @@ Prometheus scrapes it in one test.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import tornado.httpserver
+import tornado.netutil
+import tornado.simple_httpclient
+import tornado.web
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import fake_vllm_bin
@@ -29,6 +35,7 @@ from tests.support import REPO
 from tests.support.deployments import add_deployment, instance, load, streaming
 from tests.support.prometheus import promtool_check, read_metrics, scraping, value
 from tests.support.server import Server, eventually, free_port, start_app, start_server
+from vllm_use.observability import vllm_scrape
 
 UPSTREAM_KEY = "upstream-key-0123456789abcdef"
 CHAT = "/v1/chat/completions"
@@ -251,6 +258,45 @@ def test_a_download_is_counted_by_outcome_with_the_bytes_it_wrote(served: dict[s
     assert (
         value(after, "vllm_use_download_bytes_total") - value(before, "vllm_use_download_bytes_total") == size
     )
+
+
+def test_a_vllm_metrics_fetch_is_bounded_in_size_and_time() -> None:
+    """`vllm_scrape.fetch` against a loopback server: a text of exactly the bound is read, one byte
+    more is refused, and a vLLM that never answers is given up after the timeout."""
+
+    class Sized(tornado.web.RequestHandler):
+        def get(self, size: str) -> None:
+            self.write(b"#" * int(size))
+
+    class Silent(tornado.web.RequestHandler):
+        async def get(self) -> None:
+            await asyncio.Event().wait()  # until the client gives up and the server closes
+
+    async def run() -> tuple[str, BaseException | None, BaseException | None, float]:
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        server = tornado.httpserver.HTTPServer(
+            tornado.web.Application([(r"/(\d+)/metrics", Sized), (r"/silent/metrics", Silent)])
+        )
+        server.add_sockets(sockets)
+        origin = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+        try:
+            fits = await vllm_scrape.fetch(f"{origin}/70000", limit=70000)
+            over = await asyncio.gather(
+                vllm_scrape.fetch(f"{origin}/70001", limit=70000), return_exceptions=True
+            )
+            started = time.monotonic()
+            silent = await asyncio.gather(
+                vllm_scrape.fetch(f"{origin}/silent", timeout_s=0.5), return_exceptions=True
+            )
+            return fits, over[0], silent[0], time.monotonic() - started
+        finally:
+            server.stop()
+            await server.close_all_connections()
+
+    fits, over, silent, waited = asyncio.run(run())
+    assert fits == "#" * 70000
+    assert isinstance(over, vllm_scrape.TooLarge)
+    assert isinstance(silent, tornado.simple_httpclient.HTTPTimeoutError) and 0.5 <= waited < 30
 
 
 # --- a scrape reads, never acts ---------------------------------------------------------------------

@@ -45,8 +45,8 @@ LABEL = "deployment"
 PREFIX = "vllm:"
 
 
-class _TooLarge(Exception):
-    pass
+class TooLarge(Exception):
+    """An instance's `/metrics` is larger than the bound."""
 
 
 def origins(app: AppContext) -> dict[str, str]:
@@ -63,16 +63,17 @@ def origins(app: AppContext) -> dict[str, str]:
     return found
 
 
-async def fetch(origin: str) -> str:
-    """One instance's `/metrics` in the text format; raises on anything but a 200 in time."""
+async def fetch(origin: str, limit: int = BODY_MAX, timeout_s: float = FETCH_TIMEOUT_S) -> str:
+    """One instance's `/metrics` in the text format: at most `limit` bytes within `timeout_s`; raises
+    on anything else."""
     chunks: list[bytes] = []
     size = 0
 
     def take(chunk: bytes) -> None:
         nonlocal size
         size += len(chunk)
-        if size > BODY_MAX:
-            raise _TooLarge(f"more than {BODY_MAX} bytes")
+        if size > limit:
+            raise TooLarge(f"more than {limit} bytes")  # aborts the fetch
         chunks.append(chunk)
 
     request = HTTPRequest(
@@ -80,11 +81,16 @@ async def fetch(origin: str) -> str:
         headers={"Accept": "text/plain; version=0.0.4"},  # not OpenMetrics: the parser reads this one
         follow_redirects=False,
         decompress_response=False,  # nothing asks for gzip on loopback
-        connect_timeout=FETCH_TIMEOUT_S,
-        request_timeout=FETCH_TIMEOUT_S,
+        connect_timeout=timeout_s,
+        request_timeout=timeout_s,
         streaming_callback=take,
     )
-    response = await AsyncHTTPClient().fetch(request, raise_error=False)
+    try:
+        response = await AsyncHTTPClient().fetch(request, raise_error=False)
+    except HTTPClientError:
+        if size > limit:  # tornado reports the abort of `take` as a closed connection
+            raise TooLarge(f"more than {limit} bytes") from None
+        raise
     if response.code != 200:
         raise HTTPClientError(response.code, f"/metrics answered {response.code}")
     return b"".join(chunks).decode("utf-8", "replace")
@@ -102,7 +108,7 @@ async def scrape_instances(app: AppContext, errors: Counter) -> list[Metric]:
     for name, result in zip(names, results, strict=True):
         if isinstance(result, str):
             texts[name] = result
-        elif isinstance(result, (OSError, HTTPClientError, StreamClosedError, _TooLarge, TimeoutError)):
+        elif isinstance(result, (OSError, HTTPClientError, StreamClosedError, TooLarge, TimeoutError)):
             log.debug("vLLM metrics of deployment %r not read: %s", name, result)
             errors.labels(name).inc()
         else:
