@@ -36,6 +36,7 @@ from tests.support.deployments import add_deployment, instance, load, streaming
 from tests.support.prometheus import promtool_check, read_metrics, scraping, value
 from tests.support.server import Server, eventually, free_port, start_app, start_server
 from vllm_use.observability import vllm_scrape
+from vllm_use.observability.metrics import WINDOW_S, Traffic
 
 UPSTREAM_KEY = "upstream-key-0123456789abcdef"
 CHAT = "/v1/chat/completions"
@@ -141,6 +142,18 @@ def test_metrics_public_serves_them_without_a_key_and_the_overview_shows_the_las
         assert (checked.returncode, checked.stdout + checked.stderr) == (0, "")
     finally:
         app.stop()
+
+
+def test_the_traffic_window_holds_the_last_sixty_whole_seconds() -> None:
+    traffic = Traffic()
+    for _ in range(6):
+        traffic.add(100.2)
+    traffic.add(130.5)
+    assert traffic.per_second(100.9) == 6 / WINDOW_S
+    assert traffic.per_second(159.99) == 7 / WINDOW_S  # second 100 is the oldest of the window
+    assert traffic.per_second(160.0) == 1 / WINDOW_S  # and now out of it
+    traffic.add(160.1)  # the slot second 100 used: counts from zero again
+    assert traffic.per_second(160.5) == 2 / WINDOW_S
 
 
 # --- the exposition ---------------------------------------------------------------------------------

@@ -51,8 +51,9 @@ def status_class(status: int) -> str:
 
 
 class Traffic:
-    """Request ends per second over the last `WINDOW_S` seconds: a ring of one counter per second.
-    An end costs an index and an increment; the rate sums 60 integers."""
+    """Request ends per second over the last `WINDOW_S` whole seconds, the current one included: a
+    ring of one counter per second. An end costs an index and an increment; the rate sums 60
+    integers. `now` is a monotonic time in seconds."""
 
     def __init__(self) -> None:
         self._seconds = [-1] * WINDOW_S
