@@ -111,6 +111,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("GET", "/api/keys", "api_keys.list"),
     Route("POST", "/api/keys", "api_keys.create", status=201, body="object"),
+    Route("PATCH", "/api/keys/{id}", "api_keys.update", body="object"),
     Route("POST", "/api/keys/{id}/enable", "api_keys.enable"),
     Route("POST", "/api/keys/{id}/disable", "api_keys.disable"),
     Route("DELETE", "/api/keys/{id}", "api_keys.delete"),
@@ -124,6 +125,7 @@ ROUTES: tuple[Route, ...] = (
         query=("limit", "key_id", "model", "status", "since", "until"),
     ),
     Route("GET", "/api/streams", "streams.list", query=("key_id",)),
+    Route("GET", "/api/usage", "usage.summary", query=("since", "until", "key_id", "deployment")),
     Route("POST", "/api/streams/cancel", "streams.cancel", body="object"),
 )
 

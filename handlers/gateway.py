@@ -2,11 +2,12 @@
 
 Per request: auth (one Bearer key with `inference`; on `/v1/messages*` one
 `X-API-Key` instead) before the body is read → the body, capped at 16 MiB
-whatever its Content-Type → the `model` alias rewritten in place → the upstream
-request (no environment proxy, no redirects, client credentials dropped, our
-upstream key injected) → status and headers relayed with cache headers replaced
-→ each chunk written and flushed as it arrives (backpressure: the next upstream
-read waits for our flush). A client that goes away aborts the upstream request
+whatever its Content-Type → the `model` alias rewritten in place (and a stream's
+usage event asked for) → the upstream request (no environment proxy, no
+redirects, client credentials dropped, our upstream key injected) → status and
+headers relayed with cache headers replaced → each chunk written and flushed as
+it arrives (backpressure: the next upstream read waits for our flush), its token
+counts read by the usage tap (docs/observability.md). A client that goes away aborts the upstream request
 at once, unless the request is attached to a resumable stream (X-Conversation-Id).
 Errors use the OpenAI shape, or the Anthropic shape on `/v1/messages*`.
 """
@@ -29,6 +30,7 @@ from vllm_use.errors import (
     NotFound,
     OffsetGone,
     PayloadTooLarge,
+    RateLimited,
     RuntimeFailed,
     StreamArgumentError,
     TooManyRequests,
@@ -38,13 +40,14 @@ from vllm_use.errors import (
     VllmUseError,
 )
 from vllm_use.gateway import streams
-from vllm_use.gateway.aliases import prepare_body_async
+from vllm_use.gateway.aliases import Usage, prepare_async
 from vllm_use.gateway.audit import new_audit_id, request_id_or
 from vllm_use.gateway.headers import RESPONSE_DROP, forward_headers
 from vllm_use.gateway.streams import StreamSession
 from vllm_use.gateway.upstream import Exchange
 from vllm_use.keys.authenticator import parse_bearer
 from vllm_use.scopes import Identity, Surface
+from vllm_use.usage.tap import Tap, tap_for
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,8 @@ POST_PATHS = (
     "messages",
     "messages/count_tokens",
 )
+# The streams whose usage event vLLM sends only when asked: the gateway asks (docs/observability.md).
+USAGE_ASKED = ("chat/completions", "completions")
 _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
@@ -68,6 +73,10 @@ _ANTHROPIC_TYPES = {
     500: "api_error",
     400: "invalid_request_error",
 }
+
+
+def _content_type(upstream: Exchange) -> str:
+    return next((value for name, value in upstream.headers if name.lower() == "content-type"), "")
 
 
 def _upstream_lost_event(anthropic: bool) -> bytes:
@@ -107,6 +116,10 @@ class GatewaySurface(JsonHandler):
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.first_byte_at: float | None = None
+        # A key with a policy (vllm_use/keys/limits.py): its x-ratelimit-* headers, and whether this
+        # request holds one of its slots (given back in on_finish).
+        self._limit_headers: list[tuple[str, str]] = []
+        self._holds_slot = False
         # set_default_headers ran in __init__, before request_id existed (it runs again after clear()).
         self.set_header("X-Request-ID", self.request_id)
 
@@ -167,8 +180,16 @@ class GatewaySurface(JsonHandler):
         else:
             code = exc.code if isinstance(exc, VllmUseError) else "error"
             kind = "invalid_request_error" if status_code < 500 else "api_error"
+            if isinstance(exc, RateLimited):  # as OpenAI's: which kind of limit was reached
+                kind = "tokens" if exc.limit == "tokens" else "requests"
             payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         self.finish(json.dumps(payload))
+
+    def error_headers(self, exc: BaseException | None) -> None:
+        super().error_headers(exc)
+        if isinstance(exc, RateLimited):
+            for name, value in exc.headers:
+                self.set_header(name, value)
 
     # --- the end -------------------------------------------------------------------------------
 
@@ -204,6 +225,8 @@ class GatewaySurface(JsonHandler):
         if identity is None or identity.key_id is None:
             return
         self.app.live.remove(identity.key_id, getattr(self, "_live_token", 0))
+        if self._holds_slot:
+            self.app.limits.release(identity.key_id)
         self.app.audit.record(
             audit_id=self.audit_id,
             request_id=self.request_id,
@@ -214,7 +237,11 @@ class GatewaySurface(JsonHandler):
             status=status,
             duration_ms=duration_ms,
             stream=self.streamed,
+            deployment=self.deployment,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
         )
+        self.app.usage.add(identity.key_id, (self.prompt_tokens or 0) + (self.completion_tokens or 0))
 
 
 @tornado.web.stream_request_body
@@ -226,6 +253,8 @@ class RelayHandler(GatewaySurface):
         self._upstream: Exchange | None = None
         self._headers_sent = False
         self.session: StreamSession | None = None
+        self._usage: Usage = "none"
+        self._tap: Tap | None = None  # reads the answer's token counts (vllm_use/usage/tap.py)
 
     async def post(self, path: str) -> None:
         if path == "models":
@@ -233,12 +262,24 @@ class RelayHandler(GatewaySurface):
         try:
             raw = self.body
             # Off the IOLoop for big bodies: scanning 16 MiB takes a while (vllm_use/gateway/aliases.py).
-            body, self.model_sent, self.streamed = await prepare_body_async(raw, self.app.instances.aliases)
+            body, self.model_sent, self.streamed, self._usage = await prepare_async(
+                raw, self.app.instances.aliases, add_usage=path in USAGE_ASKED
+            )
         except (PayloadTooLarge, InvalidArguments) as exc:
             self.fail(exc)  # nothing was sent upstream
             return
         if self._client_gone:
             return
+        assert self.identity is not None and self.identity.key_id is not None
+        if self.identity.policy is not None:  # a model list or limits (docs/observability.md)
+            try:
+                self._limit_headers = self.app.limits.admit(
+                    self.identity.key_id, self.identity.policy, self.model_sent
+                )
+            except (ModelNotFound, RateLimited) as exc:
+                self.fail(exc)  # nothing was sent upstream
+                return
+            self._holds_slot = True
         conversation = self.request.headers.get_list(streams.HEADER)
         if conversation and path == "chat/completions":
             try:
@@ -254,7 +295,6 @@ class RelayHandler(GatewaySurface):
                         "they must be the same deployment",
                         loc=["X-Conversation-Id"],
                     )
-                assert self.identity is not None and self.identity.key_id is not None
                 self.session = self.app.streams.create(conv_id, self.identity.key_id, model)
             except VllmUseError as exc:
                 self.fail(exc)
@@ -277,7 +317,16 @@ class RelayHandler(GatewaySurface):
         listed = {entry["id"] for entry in deployments}
         others = [entry for entry in await self._upstream_models() if entry.get("id") not in listed]
         self.set_header("Cache-Control", "no-store")
-        self.write_json({"object": "list", "data": deployments + others})
+        self.write_json({"object": "list", "data": self._allowed(deployments + others)})
+
+    def _allowed(self, entries: list[Any]) -> list[Any]:
+        """The listed models a key with a model list may use: the others do not exist for it
+        (docs/observability.md, "Key limits")."""
+        policy = self.identity.policy if self.identity is not None else None
+        if policy is None or policy.models is None:
+            return entries
+        allows = self.app.limits.allows
+        return [e for e in entries if isinstance(e, dict) and allows(policy.models, str(e.get("id")))]
 
     async def _upstream_models(self) -> list[dict[str, Any]]:
         """The runtime's (or --upstream's) `/v1/models` entries with --model-aliases; [] when none
@@ -311,6 +360,7 @@ class RelayHandler(GatewaySurface):
                 listing["data"].append(
                     {"id": alias, "object": "model", "owned_by": "vllm-use", "root": target}
                 )
+        listing["data"] = self._allowed(listing["data"])
         return json.dumps(listing).encode()
 
     async def _relay(self, method: str, body: bytes | None, rewrite: Any = None) -> None:
@@ -360,9 +410,19 @@ class RelayHandler(GatewaySurface):
                     self._send_headers(upstream)
                     self.write(payload)
                 else:
+                    tap = self._tap = tap_for(
+                        self.path_args[0], upstream.status, _content_type(upstream), self._usage
+                    )
                     async for chunk in upstream:
+                        if tap is not None and not (chunk := tap.feed(chunk)):
+                            continue  # held back by the tap until its event is whole
                         if not await self._relay_chunk(upstream, chunk):
                             return  # the client left: leaving the block closes the upstream connection
+                    if tap is not None:
+                        if (rest := tap.end()) and not await self._relay_chunk(upstream, rest):
+                            return
+                        await tap.settle()
+                        self.prompt_tokens, self.completion_tokens = tap.prompt_tokens, tap.completion_tokens
         except UpstreamError as exc:
             stopped = self.session is not None and self.session.is_cancelled
             if self._client_gone and (self.session is None or stopped or not self._headers_sent):
@@ -384,6 +444,12 @@ class RelayHandler(GatewaySurface):
             # of it ends the same way.
             log.warning("upstream connection broke mid-response: %s", exc)
             self._upstream_broke = True
+            if self._tap is not None and (rest := self._tap.end()):
+                # What the tap held back came before the break: it goes out as it came.
+                if self.session is not None:
+                    self.session.append(rest)
+                if not self._client_gone:
+                    self.write(rest)
             event = _upstream_lost_event(self.anthropic) if self._event_stream() else None
             if self.session is not None:
                 self.session.interrupted = True  # streams.lookup says so
@@ -418,6 +484,8 @@ class RelayHandler(GatewaySurface):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
+        for name, value in self._limit_headers:
+            self.set_header(name, value)
         self._headers_sent = True
         self.first_byte_at = time.perf_counter()
 

@@ -55,6 +55,7 @@ EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
     "deployments.logs": READ,
     "api_keys.list": ("admin.read", "mcp.admin"),
     "api_keys.create": ("admin.write", "mcp.admin"),
+    "api_keys.update": ("admin.write", "mcp.admin"),
     "api_keys.enable": ("admin.write", "mcp.admin"),
     "api_keys.disable": ("admin.write", "mcp.admin"),
     "api_keys.delete": ("admin.write", "mcp.admin"),
@@ -64,6 +65,7 @@ EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
     "requests.recent": READ,
     "streams.list": ("admin.read", "mcp.admin"),
     "streams.cancel": ("admin.write", "mcp.admin"),
+    "usage.summary": READ,
 }
 SCOPES = ("admin.read", "admin.write", "mcp.read", "mcp.models", "mcp.runtime", "mcp.admin", "inference")
 IDENTITIES = ("admin-token", *SCOPES)

@@ -17,12 +17,12 @@ credentials counted in memory since start (they are not audit records: docs/gate
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StringConstraints, ValidationInfo, field_validator
 
 from vllm_use.clock import iso
+from vllm_use.clock import parse_aware as _parse_time
 from vllm_use.context import Call
 from vllm_use.fields import NO_CONTROL, KeyId
 from vllm_use.gateway import audit
@@ -89,16 +89,6 @@ class RecentArgs(Args):
         )
 
 
-def _parse_time(value: str) -> datetime:
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError("not an ISO 8601 date and time (e.g. 2026-12-02T08:00:00Z)") from None
-    if parsed.tzinfo is None:
-        raise ValueError("has no time zone (end it with Z or ±hh:mm)")
-    return parsed
-
-
 def _ms(value: str) -> int:
     return int(_parse_time(value).timestamp() * 1000)
 
@@ -118,6 +108,13 @@ class AuditOut(Result):
     duration_ms: float
     stream: bool
     created_at: str
+    deployment: str | None = Field(
+        description="the deployment that served it; null: none (--upstream, the runtime)"
+    )
+    prompt_tokens: int | None = Field(
+        description="from the answer's usage; null: not known (docs/observability.md)"
+    )
+    completion_tokens: int | None = Field(description="from the answer's usage; null: not known")
 
 
 class CorruptAudit(BaseModel):
@@ -159,7 +156,7 @@ def register(registry: Registry) -> None:
     registry.method(
         "requests.recent",
         "Recent gateway (/v1) requests and tool calls (/tools, path /tools/<tool>) with a recognised "
-        "key, newest first: status, latency, model, key id and name; never prompts, arguments or outputs. Optional filters: `key_id`, `model` (a part of it), "
+        "key, newest first: status, latency, model, deployment, tokens, key id and name; never prompts, arguments or outputs. Optional filters: `key_id`, `model` (a part of it), "
         "`status` (404 or 4xx), `since`/`until` (ISO 8601 with a time zone). Rows that fail validation "
         "are listed in `corrupt`; refused credentials (on /api, /mcp, /v1 and /tools) are counted in `auth_failures`.",
         RecentArgs,
