@@ -104,16 +104,12 @@ class StateCollector(Collector):
             yield family
 
     def _refusals(self) -> Iterator[Metric]:
-        # `app.limits` comes with the key limits (vllm_use/keys/limits.py); until then there is
-        # nothing to refuse and nothing to show.
-        limits = getattr(self.app, "limits", None)
-        if limits is None:
-            return
         family = CounterMetricFamily(
             "vllm_use_rate_limit_refusals",
             "/v1 requests refused with 429 by a key's limit",
             labels=("limit",),
         )
+        refusals = self.app.limits.refusals  # counted by vllm_use/keys/limits.py
         for limit in LIMITS:
-            family.add_metric((limit,), limits.refusals.get(limit, 0))
+            family.add_metric((limit,), refusals.get(limit, 0))
         yield family
