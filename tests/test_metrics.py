@@ -202,6 +202,15 @@ def test_requests_are_counted_by_route_deployment_and_status_class(served: dict[
     assert moved("vllm_use_time_to_first_byte_seconds_count", route=CHAT, deployment="llama") == 1
     total = sum(v for (name, _), v in after.items() if name == requests)
     assert total - sum(v for (name, _), v in before.items() if name == requests) == len(answers)
+    # the tokens of the answers' usage, by deployment (the 404 and the listings have none)
+    for deployment, answered in (("", answers[:3]), ("llama", answers[6:7])):
+        for kind in ("prompt", "completion"):
+            reported = sum(r.json()["usage"][f"{kind}_tokens"] for r in answered)
+            assert reported > 0
+            assert moved(f"vllm_use_{kind}_tokens_total", deployment=deployment) == reported, (
+                deployment,
+                kind,
+            )
 
 
 def test_an_open_stream_is_in_flight_and_a_client_that_leaves_is_counted_as_499(
@@ -348,18 +357,32 @@ def test_a_scrape_never_loads_an_instance_nor_moves_an_idle_timer(served: dict[s
 # --- a real Prometheus ------------------------------------------------------------------------------
 
 
-def test_a_real_prometheus_scrapes_the_request_counter_with_a_metrics_key(
+def test_a_real_prometheus_scrapes_the_request_counter_and_token_totals_with_a_metrics_key(
     served: dict[str, Any], tmp_path: Path
 ) -> None:
     server, key, client = served["server"], served["metrics"], served["inference"]
     with scraping(tmp_path / "prometheus", server.base_url, key) as prometheus:
         base = read_metrics(server, key)
-        made = 4
-        for _ in range(made):
-            assert chat(server, client, "tiny").status_code == 200
-        expected = value(base, "vllm_use_requests_total", route=CHAT, deployment="", status="2xx") + made
-        query = f'vllm_use_requests_total{{route="{CHAT}",deployment="",status="2xx",job="vllm-use"}}'
-        eventually(lambda: prometheus.value(query) == expected, timeout=30, interval=0.5)
+        answers = [chat(server, client, "tiny"), chat(server, client, "tiny", stream=True)]
+        answers += [chat(server, client, "tiny", max_tokens=5) for _ in range(2)]
+        assert [r.status_code for r in answers] == [200] * 4
+        expected = {
+            f'vllm_use_requests_total{{route="{CHAT}",deployment="",status="2xx"}}': value(
+                base, "vllm_use_requests_total", route=CHAT, deployment="", status="2xx"
+            )
+            + 4
+        }
+        # the streamed answer carries no usage (not asked for): its tokens are the plain one's
+        usages = [answers[0].json()["usage"], answers[0].json()["usage"]] + [
+            r.json()["usage"] for r in answers[2:]
+        ]
+        for kind in ("prompt", "completion"):
+            reported = sum(u[f"{kind}_tokens"] for u in usages)
+            total = value(base, f"vllm_use_{kind}_tokens_total", deployment="") + reported
+            expected[f'vllm_use_{kind}_tokens_total{{deployment=""}}'] = total
+        assert b'"usage"' not in answers[1].content
+        for query, wanted in expected.items():
+            eventually(lambda q=query, w=wanted: prometheus.value(q) == w, timeout=30, interval=0.5)
         llama = 'vllm:num_requests_running{deployment="llama"}'
         assert (
             eventually(lambda: prometheus.query(llama), timeout=30, interval=0.5)[0]["metric"]["model_name"]
