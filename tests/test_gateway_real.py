@@ -264,11 +264,27 @@ def test_a_real_prometheus_scrapes_the_gateway_and_the_real_vllm_behind_it(
     labels = {"route": "/v1/chat/completions", "deployment": "tiny", "status": "2xx"}
     chats = "vllm_use_requests_total{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
     with scraping(tmp_path / "prometheus", server.base_url, metrics_key) as prometheus:
-        before = value(read_metrics(server, metrics_key), "vllm_use_requests_total", **labels)
+        before = read_metrics(server, metrics_key)
         message = [{"role": "user", "content": "Hello"}]
-        client.chat.completions.create(model="tiny", messages=message, max_tokens=8)
-        list(client.chat.completions.create(model="tiny", messages=message, max_tokens=8, stream=True))
-        eventually(lambda: prometheus.value(chats) == before + 2, timeout=30, interval=0.5)
+        reply = client.chat.completions.create(model="tiny", messages=message, max_tokens=8)
+        chunks = list(
+            client.chat.completions.create(
+                model="tiny",
+                messages=message,
+                max_tokens=8,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        usages = [reply.usage, chunks[-1].usage]
+        assert all(usage is not None for usage in usages)
+        expected = {chats: value(before, "vllm_use_requests_total", **labels) + 2}
+        for kind in ("prompt", "completion"):
+            made = sum(getattr(usage, f"{kind}_tokens") for usage in usages)
+            total = value(before, f"vllm_use_{kind}_tokens_total", deployment="tiny") + made
+            expected[f'vllm_use_{kind}_tokens_total{{deployment="tiny"}}'] = total
+        for query, wanted in expected.items():
+            eventually(lambda q=query, w=wanted: prometheus.value(q) == w, timeout=30, interval=0.5)
         running = eventually(
             lambda: prometheus.query('vllm:num_requests_running{deployment="tiny"}'), timeout=30, interval=0.5
         )
