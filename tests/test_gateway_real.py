@@ -286,7 +286,7 @@ def test_a_real_prometheus_scrapes_the_gateway_and_the_real_vllm_behind_it(
         for query, wanted in expected.items():
             eventually(lambda q=query, w=wanted: prometheus.value(q) == w, timeout=30, interval=0.5)
         running = eventually(
-            lambda: prometheus.query('vllm:num_requests_running{deployment="tiny"}'), timeout=30, interval=0.5
+            lambda: prometheus.query('vllm_num_requests_running{deployment="tiny"}'), timeout=30, interval=0.5
         )
     assert [sample["metric"]["model_name"] for sample in running] == ["tiny"]
     assert running[0]["metric"]["job"] == "vllm-use"

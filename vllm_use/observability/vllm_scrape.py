@@ -11,7 +11,7 @@ The fetches run concurrently, each bounded by `FETCH_TIMEOUT_S` and `BODY_MAX` (
 no environment proxy, no redirects); a down or slow instance is just missing from this scrape and
 counted in `vllm_use_vllm_scrape_errors_total`. vLLM's route needs no key (it guards `/v1` only),
 so none is sent. The texts are parsed in the executor (a real vLLM's is tens of kilobytes); vLLM's
-own families (`vllm:*`) are kept, each sample gaining a `deployment` label, and families of the
+own families (`vllm:*`) are kept, renamed `vllm_*` and each sample gaining a `deployment` label, and families of the
 same name from several instances are merged into one, as the text format requires. The rest of
 its text (its process's and HTTP server's families) is left out: those names are ours too.
 """
@@ -40,9 +40,10 @@ log = logging.getLogger(__name__)
 FETCH_TIMEOUT_S = 2.0
 BODY_MAX = 8 * 1024 * 1024  # a real vLLM's is well under 1 MiB
 LABEL = "deployment"
-# vLLM's own families. Their names keep vLLM's colon, so vLLM's documentation, alerts and dashboards
-# apply as they are; promtool's linter flags such names, Prometheus takes them (docs/observability.md).
+# vLLM's own families, `vllm:*`, re-exposed as `vllm_*`: Prometheus reserves the colon for recording
+# rules, and promtool refuses exposed names that hold one (docs/observability.md).
 PREFIX = "vllm:"
+RENAMED = "vllm_"
 
 
 class TooLarge(Exception):
@@ -136,11 +137,10 @@ def merge(texts: dict[str, str]) -> tuple[list[Metric], list[str]]:
         for family in parsed:
             if not family.name.startswith(PREFIX):
                 continue  # its process_*, python_*, http_*: they would clash with ours and each other's
-            target = merged.get(family.name)
+            exposed = RENAMED + family.name[len(PREFIX) :]
+            target = merged.get(exposed)
             if target is None:
-                target = merged[family.name] = Metric(
-                    family.name, family.documentation, family.type, family.unit
-                )
+                target = merged[exposed] = Metric(exposed, family.documentation, family.type, family.unit)
             elif target.type != family.type:
                 continue  # two instances disagree on a family's type (another vLLM version): keep the first
             target.samples.extend(_labelled(family.samples, name))
@@ -149,6 +149,7 @@ def merge(texts: dict[str, str]) -> tuple[list[Metric], list[str]]:
 
 def _labelled(samples: Iterable[Sample], deployment: str) -> Iterable[Sample]:
     for s in samples:
+        name = RENAMED + s.name[len(PREFIX) :] if s.name.startswith(PREFIX) else s.name
         yield Sample(
-            s.name, {**s.labels, LABEL: deployment}, s.value, s.timestamp, s.exemplar, s.native_histogram
+            name, {**s.labels, LABEL: deployment}, s.value, s.timestamp, s.exemplar, s.native_histogram
         )
