@@ -100,7 +100,7 @@ screenshots:
 	SCREENSHOTS_DIR="$(CURDIR)/docs/screenshots" PATH="$(CURDIR)/$(BIN):$$PATH" \
 	  $(BIN)/python -m pytest tests/test_console_flow.py tests/test_chat.py tests/test_chat_attachments.py tests/test_chat_tools.py \
 	    tests/test_console_first_run.py \
-	    tests/test_console_models.py tests/test_console_requests.py $(ARGS)
+	    tests/test_console_models.py tests/test_console_requests.py tests/test_console_usage.py $(ARGS)
 
 lint: .venv
 	$(BIN)/ruff check .
