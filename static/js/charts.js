@@ -75,7 +75,7 @@ function options(box, probe, { series, height }) {
         const colour = resolve(probe, `var(${s.colour})`);
         const common = { label: s.label, stroke: colour, value: (u, v) => compactNumber(v) };
         return s.kind === "bars"
-          ? { ...common, width: 1, fill: withAlpha(colour, 0.55), paths: uPlot.paths.bars({ size: [0.7, 48] }), points: { show: false } }
+          ? { ...common, width: 0, fill: withAlpha(colour, 0.75), paths: uPlot.paths.bars({ size: [0.7, 48] }), points: { show: false } }
           : { ...common, width: 2, points: { show: true, size: 6, fill: colour } };
       }),
     ],
