@@ -80,9 +80,12 @@ def watched(browser: Browser, server: Server) -> Iterator[Watched]:
     page.assert_clean()
 
 
-def chart_data(page: Page, chart: str) -> list[list[float | None]]:
-    """What the chart draws: uPlot's columns, [days (s), series 1, …]."""
-    return page.locator(f'.usage-chart[data-chart="{chart}"]').evaluate("(el) => el.uplot.data")
+def chart_data(page: Page, chart: str) -> list[list[float | None]] | None:
+    """What the chart draws: uPlot's columns, [days (s), series 1, …]; None when the element found
+    was a chart being replaced (a new filter's answer arrived meanwhile)."""
+    return page.locator(f'.usage-chart[data-chart="{chart}"]').evaluate(
+        "(el) => el.uplot ? el.uplot.data : null"
+    )
 
 
 def series_colour(page: Page, chart: str, index: int) -> str:
@@ -93,7 +96,9 @@ def series_colour(page: Page, chart: str, index: int) -> str:
 
 def today_values(page: Page, chart: str) -> list[float | None]:
     """Each series' value on the last day (today, UTC)."""
-    return [column[-1] for column in chart_data(page, chart)[1:]]
+    data = chart_data(page, chart)
+    assert data is not None
+    return [column[-1] for column in data[1:]]
 
 
 def test_the_usage_page_charts_each_keys_requests_and_tokens_in_both_themes(
@@ -107,7 +112,7 @@ def test_the_usage_page_charts_each_keys_requests_and_tokens_in_both_themes(
     settled(page)
 
     # The last 30 UTC days, today last: every request and token of both keys.
-    days = chart_data(page, "requests")[0]
+    days = (chart_data(page, "requests") or [[]])[0]
     assert len(days) == 30 and days[-1] == time.time() // 86400 * 86400, days[-3:]
     assert today_values(page, "requests") == [4]
     assert today_values(page, "tokens") == [
@@ -143,7 +148,7 @@ def test_the_usage_page_charts_each_keys_requests_and_tokens_in_both_themes(
     # A shorter range: seven days.
     page.get_by_label("Range").select_option(label="Last 7 days")
     expect(page).to_have_url(re.compile(r"days=7"))
-    eventually(lambda: len(chart_data(page, "requests")[0]) == 7, timeout=5)
+    eventually(lambda: len((chart_data(page, "requests") or [[]])[0]) == 7, timeout=5)
     assert today_values(page, "requests") == [1]
 
 
@@ -173,7 +178,7 @@ def test_the_keys_page_shows_limits_and_todays_use_and_edits_a_limit(
     alice = used["tokens"]["alice"]
     alice_id = used["keys"]["alice"]
     # A key with every limit, and one whose expiry is past (written into the database: the API
-    # refuses an expiry in the past).
+    # refuses an expiry in the past, the store one before the key's creation).
     limited = server.fetch(
         "/api/keys",
         "POST",
@@ -189,10 +194,8 @@ def test_the_keys_page_shows_limits_and_todays_use_and_edits_a_limit(
     )
     assert limited.status_code == 201, limited.text
     old_id, _ = server.create_key("inference", name="old")
-    with sqlite3.connect(server.data_dir / "vllm-use.db") as db:
-        db.execute(
-            "UPDATE api_keys SET expires_at = ? WHERE id = ?", (int(time.time() * 1000) - 60_000, old_id)
-        )
+    with sqlite3.connect(server.data_dir / "vllm-use.db") as db:  # a millisecond after its creation
+        db.execute("UPDATE api_keys SET expires_at = created_at + 1 WHERE id = ?", (old_id,))
 
     sign_in(watched, server.admin_token or "", "/keys")
     settled(page)
