@@ -256,3 +256,20 @@ def test_the_overview_shows_the_request_rate_after_requests(
     expect(rate).to_have_text(re.compile(r"^\d+(\.\d+)? req/s$"))
     assert float(rate.inner_text().split()[0]) > 0
     expect(page.locator('.traffic-card [data-stat="streams"] .stat-value')).to_have_text("0")
+
+
+def test_the_create_form_gives_a_new_key_its_limits(watched: Watched, server: Server) -> None:
+    page = watched.page
+    sign_in(watched, server.admin_token or "", "/keys")
+    form = page.locator("form.key-form")
+    form.get_by_label("Name", exact=True).fill("nightly")
+    form.get_by_role("checkbox", name="inference", exact=True).check()
+    form.get_by_label("Tokens per day").fill("1000")
+    form.get_by_label("Models", exact=True).fill("tiny, other")
+    form.get_by_role("button", name="Create key").click()
+    page.get_by_role("dialog", name="Your new key").get_by_role("button", name="Done").click()
+    expect(key_row(page, "nightly").locator("dl.key-limit-list dd")).to_have_text(
+        ["never", "tiny, other", "no limit", "no limit", "1,000"]
+    )
+    stored = next(k for k in server.fetch("/api/keys").json()["keys"] if k["name"] == "nightly")
+    assert (stored["tokens_per_day"], stored["models"], stored["rpm"]) == (1000, ["tiny", "other"], None)
