@@ -206,6 +206,9 @@ def test_the_keys_page_shows_limits_and_todays_use_and_edits_a_limit(
     limits = row.locator("dl.key-limit-list dd")
     expect(limits).to_have_text([re.compile("2099"), "tiny", "60", "2", "50,000"])
     expect(key_row(page, "old").get_by_text("expired", exact=True).first).to_be_visible()
+    # With its limits, the table still fits 1280 px: every row's actions in sight, no sideways scroll.
+    sizes = page.locator(".keys-card .table-wrap").evaluate("(el) => [el.scrollWidth, el.clientWidth]")
+    assert sizes[0] <= sizes[1], f"the keys table is {sizes[0]} px wide in a {sizes[1]} px box"
     # Alice: no limits, and what she used today.
     expect(key_row(page, "alice").locator("dl.key-limit-list dd")).to_have_text(
         ["never", "any", "no limit", "no limit", "no limit"]

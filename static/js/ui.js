@@ -204,6 +204,13 @@ export function formatTime(iso) {
   return Number.isNaN(date.getTime()) ? String(iso) : date.toLocaleString();
 }
 
+// The same to the minute, month in words ("Dec 2, 2026, 4:13 PM"): for a table's narrow cells.
+export function formatShortTime(iso) {
+  if (!iso) return "—";
+  const date = new Date(iso);
+  return Number.isNaN(date.getTime()) ? String(iso) : date.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+}
+
 // A bar for a fraction 0..1 (or null: indeterminate), with its text for screen readers.
 export function progressBar(fraction, label) {
   const bar = h("div.progress", { role: "progressbar", "aria-label": label || "Progress",

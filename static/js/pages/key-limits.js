@@ -7,7 +7,7 @@
 // so a 400's field error lands under it (ui.js `showFieldErrors`). A number field sends what was
 // typed: digits as a number, anything else as it is, for the server to name what is wrong.
 import { api } from "../api.js";
-import { badge, errorSlot, field, formatTime, h, humanError, reportFailure, showError, showFieldErrors, toast } from "../ui.js";
+import { badge, errorSlot, field, formatShortTime, h, humanError, reportFailure, showError, showFieldErrors, toast } from "../ui.js";
 
 const NUMBERS = [
   ["rpm", "Requests per minute", "Over it: 429 with Retry-After."],
@@ -78,7 +78,7 @@ export function limitsSummary(key) {
   const none = h("span.muted", "no limit");
   const value = (v, text) => (v === null || v === undefined ? none.cloneNode(true) : text);
   const rows = [
-    ["Expires", key.expires_at ? h("span", formatTime(key.expires_at), key.expired ? [" ", badge("expired")] : null)
+    ["Expires", key.expires_at ? h("span", formatShortTime(key.expires_at), key.expired ? [" ", badge("expired")] : null)
       : h("span.muted", "never")],
     ["Models", key.models && key.models.length ? key.models.join(", ") : h("span.muted", "any")],
     ["Requests/min", value(key.rpm, String(key.rpm))],

@@ -16,7 +16,7 @@ import { api } from "../api.js";
 import { connectPanel, servedModels } from "../connect.js";
 import { editKeyDialog, limitFields, limitsSummary, todaySummary } from "./key-limits.js";
 import {
-  badge, clear, confirmDialog, copyButton, empty, errorSlot, field, formatTime, h, humanError, pageHeader,
+  badge, clear, confirmDialog, copyButton, empty, errorSlot, field, formatShortTime, h, humanError, pageHeader,
   placeholder, showError, showFieldErrors, toast, utcRange,
 } from "../ui.js";
 
@@ -103,7 +103,7 @@ export async function render(root, page) {
         + "agents need an mcp.* key to use the MCP tools. Create one with the form below."));
     } else {
       clear(listBody, h("div.table-wrap", h("table.keys-table",
-        h("thead", h("tr", ["Name", "Key", "Scopes", "Status", "Limits", "Today", "Created", "Last used", "Actions"]
+        h("thead", h("tr", ["Name", "Key", "Scopes", "Status", "Limits", "Today", "Last used", "Actions"]
           .map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", keys.map((key) => row(key, today))))));
     }
@@ -132,13 +132,13 @@ export async function render(root, page) {
     const status = key.problem ? "corrupt" : !key.enabled ? "disabled" : key.expired ? "expired" : "enabled";
     return h("tr", { dataset: { keyId: key.id } },
       h("td.key-name", key.name || "—", key.problem ? h("p.error-text", key.problem) : null),
-      h("td", key.prefix ? h("code", `${key.prefix}…`) : "—", h("div.muted.key-id", "id ", h("code", key.id))),
+      h("td", key.prefix ? h("code", `${key.prefix}…`) : "—", h("div.muted.key-id", "id ", h("code", key.id)),
+        key.created_at ? h("div.muted.key-created", `created ${formatShortTime(key.created_at)}`) : null),
       h("td", key.scopes.length ? h("ul.scope-list", key.scopes.map((s) => h("li", h("code", s)))) : "—"),
       h("td", badge(status)),
       h("td.key-limits-cell", key.problem ? "—" : limitsSummary(key)),
       h("td.key-today-cell", todaySummary(today ? today.get(key.id) || 0 : null)),
-      h("td", formatTime(key.created_at)),
-      h("td", key.last_used_at ? formatTime(key.last_used_at) : "never"),
+      h("td.key-used", key.last_used_at ? formatShortTime(key.last_used_at) : "never"),
       h("td", h("div.actions.row-actions", { role: "group", "aria-label": `Actions for ${label}` }, actions)));
   };
 
