@@ -124,6 +124,7 @@ ROUTES: tuple[Route, ...] = (
         query=("limit", "key_id", "model", "status", "since", "until"),
     ),
     Route("GET", "/api/streams", "streams.list", query=("key_id",)),
+    Route("GET", "/api/usage", "usage.summary", query=("since", "until", "key_id", "deployment")),
     Route("POST", "/api/streams/cancel", "streams.cancel", body="object"),
 )
 

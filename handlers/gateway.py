@@ -2,11 +2,12 @@
 
 Per request: auth (one Bearer key with `inference`; on `/v1/messages*` one
 `X-API-Key` instead) before the body is read → the body, capped at 16 MiB
-whatever its Content-Type → the `model` alias rewritten in place → the upstream
-request (no environment proxy, no redirects, client credentials dropped, our
-upstream key injected) → status and headers relayed with cache headers replaced
-→ each chunk written and flushed as it arrives (backpressure: the next upstream
-read waits for our flush). A client that goes away aborts the upstream request
+whatever its Content-Type → the `model` alias rewritten in place (and a stream's
+usage event asked for) → the upstream request (no environment proxy, no
+redirects, client credentials dropped, our upstream key injected) → status and
+headers relayed with cache headers replaced → each chunk written and flushed as
+it arrives (backpressure: the next upstream read waits for our flush), its token
+counts read by the usage tap (docs/observability.md). A client that goes away aborts the upstream request
 at once, unless the request is attached to a resumable stream (X-Conversation-Id).
 Errors use the OpenAI shape, or the Anthropic shape on `/v1/messages*`.
 """
@@ -38,13 +39,14 @@ from vllm_use.errors import (
     VllmUseError,
 )
 from vllm_use.gateway import streams
-from vllm_use.gateway.aliases import prepare_body_async
+from vllm_use.gateway.aliases import Usage, prepare_async
 from vllm_use.gateway.audit import new_audit_id, request_id_or
 from vllm_use.gateway.headers import RESPONSE_DROP, forward_headers
 from vllm_use.gateway.streams import StreamSession
 from vllm_use.gateway.upstream import Exchange
 from vllm_use.keys.authenticator import parse_bearer
 from vllm_use.scopes import Identity, Surface
+from vllm_use.usage.tap import Tap, tap_for
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,8 @@ POST_PATHS = (
     "messages",
     "messages/count_tokens",
 )
+# The streams whose usage event vLLM sends only when asked: the gateway asks (docs/observability.md).
+USAGE_ASKED = ("chat/completions", "completions")
 _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
@@ -68,6 +72,10 @@ _ANTHROPIC_TYPES = {
     500: "api_error",
     400: "invalid_request_error",
 }
+
+
+def _content_type(upstream: Exchange) -> str:
+    return next((value for name, value in upstream.headers if name.lower() == "content-type"), "")
 
 
 def _upstream_lost_event(anthropic: bool) -> bytes:
@@ -203,7 +211,11 @@ class GatewaySurface(JsonHandler):
             status=status,
             duration_ms=duration_ms,
             stream=self.streamed,
+            deployment=self.deployment,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
         )
+        self.app.usage.add(identity.key_id, (self.prompt_tokens or 0) + (self.completion_tokens or 0))
 
 
 @tornado.web.stream_request_body
@@ -215,6 +227,8 @@ class RelayHandler(GatewaySurface):
         self._upstream: Exchange | None = None
         self._headers_sent = False
         self.session: StreamSession | None = None
+        self._usage: Usage = "none"
+        self._tap: Tap | None = None  # reads the answer's token counts (vllm_use/usage/tap.py)
 
     async def post(self, path: str) -> None:
         if path == "models":
@@ -222,7 +236,9 @@ class RelayHandler(GatewaySurface):
         try:
             raw = self.body
             # Off the IOLoop for big bodies: scanning 16 MiB takes a while (vllm_use/gateway/aliases.py).
-            body, self.model_sent, self.streamed = await prepare_body_async(raw, self.app.instances.aliases)
+            body, self.model_sent, self.streamed, self._usage = await prepare_async(
+                raw, self.app.instances.aliases, add_usage=path in USAGE_ASKED
+            )
         except (PayloadTooLarge, InvalidArguments) as exc:
             self.fail(exc)  # nothing was sent upstream
             return
@@ -349,9 +365,19 @@ class RelayHandler(GatewaySurface):
                     self._send_headers(upstream)
                     self.write(payload)
                 else:
+                    tap = self._tap = tap_for(
+                        self.path_args[0], upstream.status, _content_type(upstream), self._usage
+                    )
                     async for chunk in upstream:
+                        if tap is not None and not (chunk := tap.feed(chunk)):
+                            continue  # held back by the tap until its event is whole
                         if not await self._relay_chunk(upstream, chunk):
                             return  # the client left: leaving the block closes the upstream connection
+                    if tap is not None:
+                        if (rest := tap.end()) and not await self._relay_chunk(upstream, rest):
+                            return
+                        await tap.settle()
+                        self.prompt_tokens, self.completion_tokens = tap.prompt_tokens, tap.completion_tokens
         except UpstreamError as exc:
             stopped = self.session is not None and self.session.is_cancelled
             if self._client_gone and (self.session is None or stopped or not self._headers_sent):
@@ -373,6 +399,12 @@ class RelayHandler(GatewaySurface):
             # of it ends the same way.
             log.warning("upstream connection broke mid-response: %s", exc)
             self._upstream_broke = True
+            if self._tap is not None and (rest := self._tap.end()):
+                # What the tap held back came before the break: it goes out as it came.
+                if self.session is not None:
+                    self.session.append(rest)
+                if not self._client_gone:
+                    self.write(rest)
             event = _upstream_lost_event(self.anthropic) if self._event_stream() else None
             if self.session is not None:
                 self.session.interrupted = True  # streams.lookup says so

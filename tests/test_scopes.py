@@ -64,6 +64,7 @@ EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
     "requests.recent": READ,
     "streams.list": ("admin.read", "mcp.admin"),
     "streams.cancel": ("admin.write", "mcp.admin"),
+    "usage.summary": READ,
 }
 SCOPES = ("admin.read", "admin.write", "mcp.read", "mcp.models", "mcp.runtime", "mcp.admin", "inference")
 IDENTITIES = ("admin-token", *SCOPES)

@@ -5,7 +5,8 @@ Not a test: it prints numbers, compared against targets, for docs/performance.md
 
 - a fake upstream: a small Tornado app in a child process on loopback. `POST /v1/chat/completions`
   answers a small JSON, or with `"stream": true` 64 SSE chunks written and flushed as fast as it
-  can, then `data: [DONE]`;
+  can, then vLLM's end: the terminal chunk, the usage event when `stream_options.include_usage`
+  asks for it (the gateway asks, and takes it out: docs/observability.md), `data: [DONE]`;
 - a real `vllm-use serve` child (tests.conftest.start_server) with `--upstream` pointing at it,
   `--model-aliases fast=tiny` and one `inference` key (verified once before timing);
 
@@ -76,14 +77,29 @@ def serve_upstream(port: int) -> None:
             "object": "chat.completion",
             "model": "tiny",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}],
+            "usage": {"prompt_tokens": 8, "total_tokens": 9, "completion_tokens": 1},
         }
     ).encode()
     delta = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "model": "tiny"}
-    chunk = b"data: " + json.dumps({**delta, "choices": [{"delta": {"content": "tok"}}]}).encode() + b"\n\n"
+
+    def event(payload: dict) -> bytes:
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+    chunk = event({**delta, "choices": [{"index": 0, "delta": {"content": "tok"}, "finish_reason": None}]})
+    # The end as vLLM sends it: the terminal chunk, with the fingerprint unless a usage event follows.
+    terminal = {**delta, "choices": [{"index": 0, "delta": {"content": "."}, "finish_reason": "stop"}]}
+    usage = {"prompt_tokens": 8, "total_tokens": 8 + CHUNKS, "completion_tokens": CHUNKS}
+    end_plain = event({**terminal, "system_fingerprint": "vllm-bench"}) + b"data: [DONE]\n\n"
+    end_usage = (
+        event(terminal)
+        + event({**delta, "choices": [], "usage": usage, "system_fingerprint": "vllm-bench"})
+        + b"data: [DONE]\n\n"
+    )
 
     class Completions(tornado.web.RequestHandler):
         async def post(self) -> None:
-            if not json.loads(self.request.body).get("stream"):
+            body = json.loads(self.request.body)
+            if not body.get("stream"):
                 self.set_header("Content-Type", "application/json")
                 self.finish(small)
                 return
@@ -91,7 +107,7 @@ def serve_upstream(port: int) -> None:
             for _ in range(CHUNKS):
                 self.write(chunk)
                 await self.flush()
-            self.finish(b"data: [DONE]\n\n")
+            self.finish(end_usage if (body.get("stream_options") or {}).get("include_usage") else end_plain)
 
     accepted = [0]
 
@@ -362,7 +378,7 @@ async def run(
                 tw = time_wait(upstream_port)
                 opened = accepted(upstream_port) - opened0 - 1  # less the counter's own request
                 gw_opened += opened * (target.port == gw_port)
-                want = CHUNKS + 1 if stream else 0
+                want = CHUNKS + 2 if stream else 0  # the pieces, the terminal chunk, [DONE]
                 if any(s.chunks != want for s in samples):
                     raise SystemExit(f"{target.name}: expected {want} chunks per response")
                 row = {

@@ -43,6 +43,7 @@ from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import Supervisor
 from vllm_use.storage import Database
 from vllm_use.tools.toolbox import Toolbox
+from vllm_use.usage import store as usage_store
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 3.0
@@ -126,6 +127,8 @@ def build_context(config: Config) -> AppContext:
     app.lifecycle.add_running_check(app.runtime.is_running)
     app.lifecycle.add_running_check(app.instances.is_running)
     app.instances.loader = lambda name, one_more: deployments.begin_load(app, name, one_more)
+    # Today's tokens per key start from the rollups (docs/observability.md, "Token accounting").
+    app.usage.seed(app.usage.day, db.query_sync(usage_store.tokens_on, app.usage.day))
     return app
 
 

@@ -19,6 +19,7 @@ from vllm_use.abilities import (
     settings,
     streams,
     system,
+    usage,
 )
 from vllm_use.registry import Registry
 
@@ -34,6 +35,7 @@ def register_all(registry: Registry) -> Registry:
     settings.register(registry)
     requests.register(registry)
     streams.register(registry)
+    usage.register(registry)
     return registry
 
 

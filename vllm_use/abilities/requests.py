@@ -118,6 +118,13 @@ class AuditOut(Result):
     duration_ms: float
     stream: bool
     created_at: str
+    deployment: str | None = Field(
+        description="the deployment that served it; null: none (--upstream, the runtime)"
+    )
+    prompt_tokens: int | None = Field(
+        description="from the answer's usage; null: not known (docs/observability.md)"
+    )
+    completion_tokens: int | None = Field(description="from the answer's usage; null: not known")
 
 
 class CorruptAudit(BaseModel):
@@ -159,7 +166,7 @@ def register(registry: Registry) -> None:
     registry.method(
         "requests.recent",
         "Recent gateway (/v1) requests and tool calls (/tools, path /tools/<tool>) with a recognised "
-        "key, newest first: status, latency, model, key id and name; never prompts, arguments or outputs. Optional filters: `key_id`, `model` (a part of it), "
+        "key, newest first: status, latency, model, deployment, tokens, key id and name; never prompts, arguments or outputs. Optional filters: `key_id`, `model` (a part of it), "
         "`status` (404 or 4xx), `since`/`until` (ISO 8601 with a time zone). Rows that fail validation "
         "are listed in `corrupt`; refused credentials (on /api, /mcp, /v1 and /tools) are counted in `auth_failures`.",
         RecentArgs,

@@ -3,9 +3,13 @@ hot path.
 
 Records are queued in memory and written every `FLUSH_S` in one transaction that
 also evicts the oldest beyond `--max-audit-records` (0: record nothing new,
-delete nothing). `flush_sync` runs at shutdown. Prompts and outputs are never
-recorded: method, path, the model as sent (truncated on a UTF-8 boundary), the
-key id, status, duration, stream flag and time.
+delete nothing) and adds the batch's `/v1` requests and tokens to the daily
+rollups (vllm_use/usage/store.py), which are written with or without audit
+records and outlive them (docs/observability.md, "Token accounting").
+`flush_sync` runs at shutdown. Prompts and outputs are never recorded: method,
+path, the model as sent (truncated on a UTF-8 boundary), the key id, status,
+duration, stream flag, time, the deployment that served it and the token counts
+of the answer's usage (NULL: not known).
 
 Only requests whose key was recognised are recorded: refused credentials are
 counted in memory (`vllm_use.keys.authenticator.AuthFailures`), because a record per refusal
@@ -21,6 +25,7 @@ import logging
 import math
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +34,9 @@ from tornado.ioloop import PeriodicCallback
 from vllm_use.clock import iso, now_ms
 from vllm_use.logbuffer import cut_utf8
 from vllm_use.storage import AuditTable, Database
+from vllm_use.usage import store
+from vllm_use.usage.ledger import utc_day
+from vllm_use.usage.tap import COUNT_MAX
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,8 @@ class AuditWriter:
         self.db = db
         self.max_records = max_records
         self._pending: list[tuple[Any, ...]] = []  # rows in _INSERT's column order
+        # (day, key id, deployment or "") → [requests, prompt tokens, completion tokens]
+        self._rollups: dict[tuple[str, str, str], list[int]] = {}
         self._timer: PeriodicCallback | None = None
         self.failed = False
 
@@ -72,9 +82,18 @@ class AuditWriter:
         status: int,
         duration_ms: float,
         stream: bool,
+        deployment: str | None = None,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
     ) -> None:
-        """Queue one record, each field cut to its bound. Runs on the IOLoop, costs a tuple and an
-        append."""
+        """Queue one record, each field cut to its bound, and add a `/v1` request to its rollup.
+        Runs on the IOLoop, costs a tuple, an append and a dict update."""
+        created = now_ms()
+        if key_id is not None and path.startswith("/v1/"):
+            tally = self._rollups.setdefault((utc_day(created), key_id, deployment or ""), [0, 0, 0])
+            tally[0] += 1
+            tally[1] += prompt_tokens or 0
+            tally[2] += completion_tokens or 0
         if self.max_records == 0:
             return
         if model is not None:
@@ -90,16 +109,25 @@ class AuditWriter:
                 status,
                 round(duration_ms, 3),
                 int(stream),
-                now_ms(),
+                created,
+                deployment,
+                prompt_tokens,
+                completion_tokens,
             )
         )
 
-    async def flush(self) -> None:
-        if not self._pending:
-            return
+    def _take(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         batch, self._pending = self._pending, []
+        rollups = [(*group, *tally) for group, tally in self._rollups.items()]
+        self._rollups = {}
+        return batch, rollups
+
+    async def flush(self) -> None:
+        if not self._pending and not self._rollups:
+            return
+        batch, rollups = self._take()
         try:
-            await self.db.query(write, batch, self.max_records)
+            await self.db.query(write, batch, self.max_records, rollups)
         except Exception:
             log.exception("could not write %d audit record(s)", len(batch))
             self.failed = True
@@ -108,10 +136,10 @@ class AuditWriter:
         """At shutdown, after the loop's work is done. False if records could not be written."""
         if self._timer is not None:
             self._timer.stop()
-        batch, self._pending = self._pending, []
-        if batch:
+        batch, rollups = self._take()
+        if batch or rollups:
             try:
-                self.db.query_sync(write, batch, self.max_records)
+                self.db.query_sync(write, batch, self.max_records, rollups)
             except Exception:
                 log.exception("could not write %d audit record(s) at shutdown", len(batch))
                 return False
@@ -121,23 +149,29 @@ class AuditWriter:
 # The columns in the order `record` queues them.
 _INSERT = (
     "INSERT INTO audit_records (audit_id, request_id, key_id, method, path, model, status,"
-    " duration_ms, stream, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " duration_ms, stream, created_at, deployment, prompt_tokens, completion_tokens)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
-def write(db: Database, batch: list[tuple[Any, ...]], max_records: int) -> None:
-    """Runs on the DB thread: insert the batch and evict the oldest beyond the cap, one transaction.
+def write(
+    db: Database, batch: list[tuple[Any, ...]], max_records: int, rollups: Sequence[tuple[Any, ...]] = ()
+) -> None:
+    """Runs on the DB thread: insert the batch, evict the oldest beyond the cap and add `rollups`
+    (`store.add_rollups`), one transaction.
 
     `executemany` on the sqlite3 connection binds the rows in C: building the INSERT with peewee cost
     ~20 µs of Python per row, and that thread holding the GIL is time the event loop waits.
     """
     with db.atomic():
-        db.connection().executemany(_INSERT, batch)
-        db.execute(
-            "DELETE FROM audit_records WHERE rowid IN (SELECT rowid FROM audit_records "
-            "ORDER BY created_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
-            (max_records,),
-        )
+        if batch:
+            db.connection().executemany(_INSERT, batch)
+            db.execute(
+                "DELETE FROM audit_records WHERE rowid IN (SELECT rowid FROM audit_records "
+                "ORDER BY created_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+                (max_records,),
+            )
+        store.add_rollups(db, rollups)
 
 
 def count(db: Database) -> int:
@@ -199,7 +233,8 @@ def read_newest(
 # One statement for every filter: a part left out (NULL) matches every row.
 _READ = (
     "SELECT a.rowid, a.audit_id, a.request_id, a.key_id, a.method, a.path, a.model, a.status,"
-    " a.duration_ms, a.stream, a.created_at, k.id IS NOT NULL, k.name"
+    " a.duration_ms, a.stream, a.created_at, a.deployment, a.prompt_tokens, a.completion_tokens,"
+    " k.id IS NOT NULL, k.name"
     " FROM audit_records AS a LEFT JOIN api_keys AS k ON k.id = a.key_id"
     " WHERE (?1 IS NULL OR a.key_id = ?1) AND (?2 IS NULL OR instr(a.model, ?2) > 0)"
     " AND (?3 IS NULL OR a.status BETWEEN ?3 AND ?4)"
@@ -238,7 +273,8 @@ def _text(value: Any, limit: int) -> bool:
 
 def _problem(row: tuple[Any, ...]) -> str | None:
     """What is wrong with a row, naming the first bad field (never its value); None if valid."""
-    audit_id, request_id, key_id, method, path, model, status, duration, stream, created = row
+    audit_id, request_id, key_id, method, path, model, status, duration, stream, created, *usage = row
+    deployment, prompt_tokens, completion_tokens = usage
     checks = (
         ("audit_id", isinstance(audit_id, str) and _VISIBLE.fullmatch(audit_id)),
         ("request_id", isinstance(request_id, str) and _VISIBLE.fullmatch(request_id)),
@@ -250,6 +286,9 @@ def _problem(row: tuple[Any, ...]) -> str | None:
         ("duration_ms", isinstance(duration, int | float) and 0 <= duration < math.inf),
         ("stream", type(stream) is int and stream in (0, 1)),
         ("created_at", type(created) is int and 0 < created <= _LAST_MS),
+        ("deployment", deployment is None or _text(deployment, MODEL_MAX_BYTES)),
+        ("prompt_tokens", _tokens(prompt_tokens)),
+        ("completion_tokens", _tokens(completion_tokens)),
     )
     for name, ok in checks:
         if not ok:
@@ -257,8 +296,13 @@ def _problem(row: tuple[Any, ...]) -> str | None:
     return None
 
 
+def _tokens(value: Any) -> bool:
+    return value is None or (type(value) is int and 0 <= value <= COUNT_MAX)
+
+
 def _record(row: tuple[Any, ...]) -> dict[str, Any]:
-    audit_id, request_id, key_id, method, path, model, status, duration, stream, created = row
+    audit_id, request_id, key_id, method, path, model, status, duration, stream, created, *usage = row
+    deployment, prompt_tokens, completion_tokens = usage
     return {
         "audit_id": audit_id,
         "request_id": request_id,
@@ -270,4 +314,7 @@ def _record(row: tuple[Any, ...]) -> dict[str, Any]:
         "duration_ms": float(duration),
         "stream": bool(stream),
         "created_at": iso(created),
+        "deployment": deployment,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
     }

@@ -25,7 +25,8 @@ const LIMITS = [50, 200, 1000];
 const REFRESH_MS = 3000;
 const COLUMNS = [
   ["Time", "requests-time"], ["Key", "requests-key"], ["Model", "requests-model"], ["Request", "requests-path"],
-  ["Status", "requests-status"], ["Latency (ms)", "requests-latency num"], ["Request ID", "requests-id"],
+  ["Status", "requests-status"], ["Latency (ms)", "requests-latency num"], ["Tokens", "requests-tokens num"],
+  ["Request ID", "requests-id"],
 ];
 
 export async function render(root, page) {
@@ -302,6 +303,7 @@ function row(r) {
       h("span.requests-method", r.method), " ", h("code", r.path), r.stream ? h("span.requests-stream", " · stream") : null),
     h("td.requests-status", statusText(r.status)),
     h("td.requests-latency.num", formatLatency(r.duration_ms)),
+    tokensCell(r),
     h("td.requests-id", { title: r.request_id }, h("code", r.request_id)));
 }
 
@@ -324,6 +326,16 @@ function statusText(status) {
 }
 
 const LATENCY = new Intl.NumberFormat(undefined, { minimumFractionDigits: 1, maximumFractionDigits: 1 });
+
+// Prompt + completion tokens, as the upstream reported them; "—" when not known (docs/observability.md).
+function tokensCell(r) {
+  if (r.prompt_tokens == null && r.completion_tokens == null) {
+    return h("td.requests-tokens.num", { title: "Not known" }, h("span.muted", "—"));
+  }
+  const [prompt, completion] = [r.prompt_tokens, r.completion_tokens].map((n) => (n == null ? "?" : String(n)));
+  return h("td.requests-tokens.num", { title: `${prompt} prompt + ${completion} completion tokens` },
+    `${prompt} + ${completion}`);
+}
 
 function formatLatency(ms) {
   return Number.isFinite(ms) ? LATENCY.format(ms) : "—";
