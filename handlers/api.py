@@ -111,6 +111,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("GET", "/api/keys", "api_keys.list"),
     Route("POST", "/api/keys", "api_keys.create", status=201, body="object"),
+    Route("PATCH", "/api/keys/{id}", "api_keys.update", body="object"),
     Route("POST", "/api/keys/{id}/enable", "api_keys.enable"),
     Route("POST", "/api/keys/{id}/disable", "api_keys.disable"),
     Route("DELETE", "/api/keys/{id}", "api_keys.delete"),

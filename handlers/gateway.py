@@ -30,6 +30,7 @@ from vllm_use.errors import (
     NotFound,
     OffsetGone,
     PayloadTooLarge,
+    RateLimited,
     RuntimeFailed,
     StreamArgumentError,
     TooManyRequests,
@@ -115,6 +116,10 @@ class GatewaySurface(JsonHandler):
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.first_byte_at: float | None = None
+        # A key with a policy (vllm_use/keys/limits.py): its x-ratelimit-* headers, and whether this
+        # request holds one of its slots (given back in on_finish).
+        self._limit_headers: list[tuple[str, str]] = []
+        self._holds_slot = False
         # set_default_headers ran in __init__, before request_id existed (it runs again after clear()).
         self.set_header("X-Request-ID", self.request_id)
 
@@ -175,8 +180,16 @@ class GatewaySurface(JsonHandler):
         else:
             code = exc.code if isinstance(exc, VllmUseError) else "error"
             kind = "invalid_request_error" if status_code < 500 else "api_error"
+            if isinstance(exc, RateLimited):  # as OpenAI's: which kind of limit was reached
+                kind = "tokens" if exc.limit == "tokens" else "requests"
             payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         self.finish(json.dumps(payload))
+
+    def error_headers(self, exc: BaseException | None) -> None:
+        super().error_headers(exc)
+        if isinstance(exc, RateLimited):
+            for name, value in exc.headers:
+                self.set_header(name, value)
 
     # --- the end -------------------------------------------------------------------------------
 
@@ -197,6 +210,8 @@ class GatewaySurface(JsonHandler):
         if identity is None or identity.key_id is None:
             return
         self.app.live.remove(identity.key_id, getattr(self, "_live_token", 0))
+        if self._holds_slot:
+            self.app.limits.release(identity.key_id)
         status = (
             502 if self._upstream_broke else 499 if self._client_gone or self._stopped else self.get_status()
         )
@@ -244,6 +259,16 @@ class RelayHandler(GatewaySurface):
             return
         if self._client_gone:
             return
+        assert self.identity is not None and self.identity.key_id is not None
+        if self.identity.policy is not None:  # a model list or limits (docs/observability.md)
+            try:
+                self._limit_headers = self.app.limits.admit(
+                    self.identity.key_id, self.identity.policy, self.model_sent
+                )
+            except (ModelNotFound, RateLimited) as exc:
+                self.fail(exc)  # nothing was sent upstream
+                return
+            self._holds_slot = True
         conversation = self.request.headers.get_list(streams.HEADER)
         if conversation and path == "chat/completions":
             try:
@@ -259,7 +284,6 @@ class RelayHandler(GatewaySurface):
                         "they must be the same deployment",
                         loc=["X-Conversation-Id"],
                     )
-                assert self.identity is not None and self.identity.key_id is not None
                 self.session = self.app.streams.create(conv_id, self.identity.key_id, model)
             except VllmUseError as exc:
                 self.fail(exc)
@@ -282,7 +306,16 @@ class RelayHandler(GatewaySurface):
         listed = {entry["id"] for entry in deployments}
         others = [entry for entry in await self._upstream_models() if entry.get("id") not in listed]
         self.set_header("Cache-Control", "no-store")
-        self.write_json({"object": "list", "data": deployments + others})
+        self.write_json({"object": "list", "data": self._allowed(deployments + others)})
+
+    def _allowed(self, entries: list[Any]) -> list[Any]:
+        """The listed models a key with a model list may use: the others do not exist for it
+        (docs/observability.md, "Key limits")."""
+        policy = self.identity.policy if self.identity is not None else None
+        if policy is None or policy.models is None:
+            return entries
+        allows = self.app.limits.allows
+        return [e for e in entries if isinstance(e, dict) and allows(policy.models, str(e.get("id")))]
 
     async def _upstream_models(self) -> list[dict[str, Any]]:
         """The runtime's (or --upstream's) `/v1/models` entries with --model-aliases; [] when none
@@ -316,6 +349,7 @@ class RelayHandler(GatewaySurface):
                 listing["data"].append(
                     {"id": alias, "object": "model", "owned_by": "vllm-use", "root": target}
                 )
+        listing["data"] = self._allowed(listing["data"])
         return json.dumps(listing).encode()
 
     async def _relay(self, method: str, body: bytes | None, rewrite: Any = None) -> None:
@@ -439,6 +473,8 @@ class RelayHandler(GatewaySurface):
         self.set_header("Cache-Control", "no-store")
         self.set_header("Pragma", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
+        for name, value in self._limit_headers:
+            self.set_header(name, value)
         self._headers_sent = True
         self.first_byte_at = time.perf_counter()
 

@@ -21,7 +21,9 @@ def test_create_returns_the_secret_once_in_the_documented_shape(server: Server) 
     assert re.fullmatch(r"vu_[A-Za-z0-9]{48}", body["secret"])
     key = body["key"]
     assert re.fullmatch(r"[A-Za-z0-9]{24}", key["id"])
-    assert set(key) == {"id", "name", "prefix", "scopes", "enabled", "created_at", "last_used_at"}
+    policy = {"expires_at", "expired", "models", "rpm", "max_concurrent", "tokens_per_day"}
+    assert set(key) == {"id", "name", "prefix", "scopes", "enabled", "created_at", "last_used_at", *policy}
+    assert {name: key[name] for name in policy} == dict.fromkeys(policy) | {"expired": False}
     assert key["scopes"] == ["admin.read", "inference"]
     assert key["enabled"] is True and key["last_used_at"] is None
     assert body["secret"].startswith(key["prefix"])

@@ -55,6 +55,7 @@ EXPECTED_SCOPES: dict[str, tuple[str, str]] = {
     "deployments.logs": READ,
     "api_keys.list": ("admin.read", "mcp.admin"),
     "api_keys.create": ("admin.write", "mcp.admin"),
+    "api_keys.update": ("admin.write", "mcp.admin"),
     "api_keys.enable": ("admin.write", "mcp.admin"),
     "api_keys.disable": ("admin.write", "mcp.admin"),
     "api_keys.delete": ("admin.write", "mcp.admin"),

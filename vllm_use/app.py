@@ -38,12 +38,14 @@ from vllm_use.gateway.live import LiveRequests
 from vllm_use.gateway.streams import StreamRegistry
 from vllm_use.gateway.upstream import UpstreamPool
 from vllm_use.keys.authenticator import FLUSH_S, Authenticator
+from vllm_use.keys.limits import KeyLimits
 from vllm_use.recovery import recover
 from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import Supervisor
 from vllm_use.storage import Database
 from vllm_use.tools.toolbox import Toolbox
 from vllm_use.usage import store as usage_store
+from vllm_use.usage.ledger import UsageLedger
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 3.0
@@ -109,6 +111,7 @@ def build_context(config: Config) -> AppContext:
         instances.set_names(*db.run_sync(deployments.read_catalog, db, config.models_dir))
     except CorruptRecord as exc:  # reported by deployments.list too; the rest of the server runs
         log.warning("deployments are not routed until this is fixed: %s", exc.message)
+    usage = UsageLedger()
     app = AppContext(
         config=config,
         db=db,
@@ -121,6 +124,8 @@ def build_context(config: Config) -> AppContext:
         streams=StreamRegistry(),
         live=LiveRequests(),
         instances=instances,
+        limits=KeyLimits(usage, instances),
+        usage=usage,
         lifecycle=lifecycle,
         tools=toolbox,
     )

@@ -12,6 +12,17 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def parse_aware(value: str) -> datetime:
+    """An ISO 8601 date and time that names its time zone; ValueError (its message for a person)."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("not an ISO 8601 date and time (e.g. 2026-12-02T08:00:00Z)") from None
+    if parsed.tzinfo is None:
+        raise ValueError("has no time zone (end it with Z or ±hh:mm)")
+    return parsed
+
+
 def iso(ms: int | None) -> str | None:
     """`ms` (unix milliseconds) as ISO 8601 in UTC with milliseconds; None stays None."""
     if ms is None:

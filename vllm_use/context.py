@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from vllm_use.gateway.streams import StreamRegistry
     from vllm_use.gateway.upstream import UpstreamPool
     from vllm_use.keys.authenticator import Authenticator
+    from vllm_use.keys.limits import KeyLimits
     from vllm_use.registry import Registry
     from vllm_use.runtime.supervisor import Supervisor
     from vllm_use.storage import Database
@@ -43,6 +44,7 @@ class AppContext:
     streams: StreamRegistry
     live: LiveRequests  # open /v1 requests by key id, closed when the key is revoked
     instances: Instances  # the deployments' vLLM children (docs/router.md)
+    limits: KeyLimits  # the keys' model lists and limits at /v1 (docs/observability.md)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     tools: Toolbox | None = None  # /tools: None when off (docs/tools.md)
     usage: UsageLedger = field(default_factory=UsageLedger)  # today's tokens per key
@@ -86,9 +88,7 @@ class AppContext:
         if child is not None and self.runtime.state is RuntimeState.READY and serves_a_path:
             return f"http://127.0.0.1:{child.port}", child.api_key
         if model is not None and self.instances.names:  # router mode: the names are ours to know
-            raise ModelNotFound(
-                f"the model {model} does not exist: GET /v1/models lists the models served here"
-            )
+            raise ModelNotFound.unknown(model)
         if child is None or self.runtime.state is not RuntimeState.READY:
             raise UpstreamUnavailable(
                 f"no model is running: start one with runtime.switch (the runtime is {self.runtime.state})"

@@ -12,7 +12,8 @@
     │   └── ModelNotLoaded            model_not_loaded       409    (/v1 with --no-autoload: load it first)
     ├── PayloadTooLarge               payload_too_large      413    HTTP 413
     ├── TooManyRequests               too_many_requests      429    HTTP 429 (auth) / isError result
-    │   └── TooManyStreams            too_many_streams       429    (a key's live resumable sessions)
+    │   ├── TooManyStreams            too_many_streams       429    (a key's live resumable sessions)
+    │   └── RateLimited               rate_limit_exceeded    429    (/v1: a key's rpm, max_concurrent, tokens_per_day)
     ├── TooManySessions               too_many_sessions      503    (the process's live sessions)
     ├── ModelLoading                  model_loading          503    (a deployment still loading, or too many waiting)
     │   └── NoRoom                    model_loading          503    (no room to load it: count or GPU memory)
@@ -82,6 +83,12 @@ class ModelNotFound(NotFound):
     "Instances: load, unload, and /v1 by name")."""
 
     code = "model_not_found"
+
+    @classmethod
+    def unknown(cls, model: str) -> ModelNotFound:
+        """The answer to a name no deployment has, and to one outside a key's `models` (the same
+        bytes, so a key cannot tell a model it may not use from one that does not exist)."""
+        return cls(f"the model {model} does not exist: GET /v1/models lists the models served here")
 
 
 class MethodNotAllowed(VllmUseError):
@@ -209,6 +216,20 @@ class TooManyStreams(TooManyRequests):
     """The key already has `MAX_LIVE_PER_KEY` live resumable sessions (429): stop one, or wait for one to end."""
 
     code = "too_many_streams"
+
+
+class RateLimited(TooManyRequests):
+    """A `/v1` request over one of its key's limits (vllm_use/keys/limits.py): `limit` names it
+    ("rpm", "concurrency", "tokens"); `headers` are the x-ratelimit-* headers the answer carries."""
+
+    code = "rate_limit_exceeded"
+
+    def __init__(
+        self, message: str, *, limit: str, retry_after_s: int, headers: list[tuple[str, str]]
+    ) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.limit = limit
+        self.headers = headers
 
 
 # --- outside the tree: adapter-level failures -----------------------------------------------------

@@ -63,12 +63,29 @@ RUNTIME_WRITE = MethodScope(api=Scope.ADMIN_WRITE, mcp=Scope.MCP_RUNTIME)
 
 
 @dataclass(frozen=True)
+class KeyPolicy:
+    """What a key may use, beyond its scopes (docs/observability.md, "Key limits"): the models it
+    may name (deployment names or aliases; None: any) and its limits (None: no limit)."""
+
+    models: frozenset[str] | None = None
+    rpm: int | None = None  # requests per minute, a moving window
+    max_concurrent: int | None = None  # requests at once
+    tokens_per_day: int | None = None  # prompt + completion tokens per UTC day
+
+
+@dataclass(frozen=True)
 class Identity:
-    """An authenticated caller. `key_id` is None for the bootstrap admin token."""
+    """An authenticated caller. `key_id` is None for the bootstrap admin token.
+
+    `expires_at` (unix ms) is checked on every request, cached or not (docs/auth.md); `policy` is
+    None for a key without a model list or limits, so such a key costs the gateway one attribute
+    check."""
 
     kind: str  # "admin_token" | "api_key"
     key_id: str | None
     scopes: frozenset[Scope]
+    expires_at: int | None = None
+    policy: KeyPolicy | None = None
 
     @property
     def label(self) -> str:

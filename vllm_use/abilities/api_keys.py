@@ -1,4 +1,5 @@
-"""`api_keys.*` (docs/auth.md, "API keys"): create (secret shown once), list, enable, disable, delete.
+"""`api_keys.*` (docs/auth.md, "API keys"): create (secret shown once), list, update, enable, disable,
+delete. A key may carry an expiry, a model list and limits (docs/observability.md, "Key limits").
 
 Ids are validated by the input model before any query. Every mutation calls
 `auth.forget(id)` before its write, so the very next request sees it. Disable and
@@ -14,10 +15,11 @@ import logging
 import secrets
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, field_validator
 
-from vllm_use.clock import now_ms
+from vllm_use.clock import now_ms, parse_aware
 from vllm_use.context import Call
+from vllm_use.deployments.records import DeploymentName
 from vllm_use.errors import CorruptRecord, InvalidArguments, NotFound
 from vllm_use.fields import KEY_ID_RE, NO_CONTROL, KeyId
 from vllm_use.keys import material, store
@@ -44,7 +46,83 @@ KeyName = Annotated[
 ]
 
 
-class CreateArgs(Args):
+ExpiresAt = Annotated[
+    str,
+    StringConstraints(max_length=64),
+    Field(
+        description="when the key stops working: ISO 8601 with a time zone, in the future "
+        "(e.g. 2027-01-31T00:00:00Z)",
+        json_schema_extra={"format": "date-time"},
+    ),
+]
+Models = Annotated[
+    list[DeploymentName],
+    Field(
+        min_length=1,
+        max_length=material.MODELS_MAX,
+        description="the only models the key may name (deployment names or aliases, either way round); "
+        "any other is answered 404 as if it did not exist",
+        json_schema_extra={"uniqueItems": True},
+    ),
+]
+Rpm = Annotated[
+    int, Field(ge=1, le=material.RPM_MAX, description="requests per minute (a moving 60 s window)")
+]
+MaxConcurrent = Annotated[
+    int, Field(ge=1, le=material.CONCURRENT_MAX, description="requests running at once")
+]
+TokensPerDay = Annotated[
+    int,
+    Field(ge=1, le=material.TOKENS_PER_DAY_MAX, description="prompt + completion tokens per UTC day"),
+]
+POLICY_FIELDS = ("expires_at", "models", "rpm", "max_concurrent", "tokens_per_day")
+
+
+class PolicyArgs(Args):
+    """The key policy; null (or left out, at create) is no limit."""
+
+    expires_at: ExpiresAt | None = None
+    models: Models | None = None
+    rpm: Rpm | None = None
+    max_concurrent: MaxConcurrent | None = None
+    tokens_per_day: TokensPerDay | None = None
+
+    @field_validator("expires_at")
+    @classmethod
+    def _aware_time(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_aware(value)
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _distinct(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("names must be distinct")
+        return value
+
+    def policy_columns(self, fields: set[str] | tuple[str, ...]) -> dict[str, Any]:
+        """The api_keys columns of the policy fields named in `fields`. An expiry must lie in
+        the future (400 otherwise): a key born expired is a mistake, not a policy."""
+        columns: dict[str, Any] = {}
+        for name in POLICY_FIELDS:
+            if name not in fields:
+                continue
+            value = getattr(self, name)
+            if name == "expires_at" and value is not None:
+                value = int(parse_aware(value).timestamp() * 1000)
+                if not now_ms() < value <= material.EXPIRES_MAX_MS:
+                    why = "must be in the future, before year 10000"
+                    raise InvalidArguments(
+                        f"invalid arguments: expires_at: {why}", errors=[{"loc": ["expires_at"], "msg": why}]
+                    )
+            elif name == "models" and value is not None:
+                value = json.dumps(value)
+            columns[name] = value
+        return columns
+
+
+class CreateArgs(PolicyArgs):
     name: KeyName
     scopes: list[ScopeName] = Field(
         min_length=1,
@@ -52,6 +130,13 @@ class CreateArgs(Args):
         description="distinct scopes",
         json_schema_extra={"uniqueItems": True},
     )
+
+
+class UpdateArgs(PolicyArgs):
+    """The key's id, then only what changes: a field left out is unchanged, null clears a limit."""
+
+    id: KeyId
+    name: KeyName | None = None
 
 
 class IdArgs(Args):
@@ -66,6 +151,12 @@ class KeyInfo(Result):
     enabled: bool
     created_at: str
     last_used_at: str | None
+    expires_at: str | None
+    expired: bool = Field(description="expires_at has passed: the key is refused like a disabled one")
+    models: list[str] | None
+    rpm: int | None
+    max_concurrent: int | None
+    tokens_per_day: int | None
 
 
 class ListedKey(Result):
@@ -78,6 +169,12 @@ class ListedKey(Result):
     enabled: bool
     created_at: str | None
     last_used_at: str | None
+    expires_at: str | None
+    expired: bool
+    models: list[str] | None
+    rpm: int | None
+    max_concurrent: int | None
+    tokens_per_day: int | None
     usable: bool
     problem: str | None
 
@@ -112,14 +209,13 @@ def _listed(row: dict[str, Any], call: Call) -> dict[str, Any]:
             "enabled": False,
             "created_at": None,
             "last_used_at": None,
+            **dict.fromkeys(POLICY_FIELDS),
+            "expired": False,
             "usable": False,
             "problem": exc.message,
         }
-    return {
-        **record.public(call.app.auth.pending_last_used(record.id)),
-        "usable": record.enabled,
-        "problem": None,
-    }
+    public = record.public(call.app.auth.pending_last_used(record.id))
+    return {**public, "usable": record.enabled and not public["expired"], "problem": None}
 
 
 def _cut_off(call: Call, key_id: str, *, deleted: bool) -> None:
@@ -191,6 +287,7 @@ async def create(call: Call, args: CreateArgs) -> dict[str, Any]:
             "scopes must be distinct", errors=[{"loc": ["scopes"], "msg": "duplicate scope"}]
         )
     _refuse_admin_scopes_over_mcp(call, args.scopes, "scopes")
+    policy = args.policy_columns(POLICY_FIELDS)
     secret, key_id, salt = (
         material.new_secret(),
         material.new_key_id(),
@@ -207,6 +304,7 @@ async def create(call: Call, args: CreateArgs) -> dict[str, Any]:
         "scopes": json.dumps(list(args.scopes)),
         "created_at": now_ms(),
         "last_used_at": None,
+        **policy,
     }
     await call.app.db.query(store.insert, record)
     return {"key": material.parse_row(record).public(), "secret": secret}
@@ -215,6 +313,26 @@ async def create(call: Call, args: CreateArgs) -> dict[str, Any]:
 async def list_keys(call: Call, args: NoArgs) -> dict[str, Any]:
     rows = await call.app.db.query(store.all_rows)
     return {"keys": [_listed(row, call) for row in rows]}
+
+
+async def update(call: Call, args: UpdateArgs) -> dict[str, Any]:
+    """Name and policy; the scopes stay (a new scope set is a new key). The limiter state is kept
+    by key id, so the requests of the last minute still count under the edited limits."""
+    given = args.model_fields_set
+    columns = args.policy_columns(given)
+    if "name" in given:
+        if args.name is None:
+            raise InvalidArguments(
+                "invalid arguments: name: cannot be null", errors=[{"loc": ["name"], "msg": "not null"}]
+            )
+        columns["name"] = material.validate_name(args.name)
+    await _check_target(call, args.id)
+    call.app.auth.forget(args.id)
+    row = await call.app.db.query(store.update, args.id, columns)
+    if row is None:
+        raise NotFound(f"no api key with id {args.id}")
+    record = material.parse_row(row)
+    return {"key": record.public(call.app.auth.pending_last_used(args.id))}
 
 
 async def enable(call: Call, args: IdArgs) -> dict[str, Any]:
@@ -230,6 +348,7 @@ async def delete(call: Call, args: IdArgs) -> dict[str, Any]:
     call.app.auth.forget(args.id)
     found = await call.app.db.query(store.delete, args.id)
     _cut_off(call, args.id, deleted=True)  # also for a row gone meanwhile: nothing may outlive it
+    call.app.limits.forget_key(args.id)
     if not found:
         raise NotFound(f"no api key with id {args.id}")
     return {"deleted": args.id}
@@ -238,7 +357,8 @@ async def delete(call: Call, args: IdArgs) -> dict[str, Any]:
 def register(registry: Registry) -> None:
     registry.method(
         "api_keys.create",
-        "Create an API key with scopes. The secret is returned once, here, and never again.",
+        "Create an API key with scopes, optionally an expiry, a model list and limits. The secret is "
+        "returned once, here, and never again.",
         CreateArgs,
         Created,
         ADMIN_WRITE,
@@ -246,6 +366,14 @@ def register(registry: Registry) -> None:
     registry.method("api_keys.list", "List API keys (never their secrets).", NoArgs, KeyList, KEYS_READ)(
         list_keys
     )
+    registry.method(
+        "api_keys.update",
+        "Change an API key's name, expiry, model list or limits (not its scopes). A field left out "
+        "is unchanged; null clears it. Takes effect from the key's next request.",
+        UpdateArgs,
+        KeyResult,
+        ADMIN_WRITE,
+    )(update)
     registry.method("api_keys.enable", "Enable an API key.", IdArgs, KeyResult, ADMIN_WRITE)(enable)
     registry.method(
         "api_keys.disable",

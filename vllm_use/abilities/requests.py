@@ -17,12 +17,12 @@ credentials counted in memory since start (they are not audit records: docs/gate
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StringConstraints, ValidationInfo, field_validator
 
 from vllm_use.clock import iso
+from vllm_use.clock import parse_aware as _parse_time
 from vllm_use.context import Call
 from vllm_use.fields import NO_CONTROL, KeyId
 from vllm_use.gateway import audit
@@ -87,16 +87,6 @@ class RecentArgs(Args):
             since_ms=None if self.since is None else _ms(self.since),
             until_ms=None if self.until is None else _ms(self.until),
         )
-
-
-def _parse_time(value: str) -> datetime:
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError("not an ISO 8601 date and time (e.g. 2026-12-02T08:00:00Z)") from None
-    if parsed.tzinfo is None:
-        raise ValueError("has no time zone (end it with Z or ±hh:mm)")
-    return parsed
 
 
 def _ms(value: str) -> int:

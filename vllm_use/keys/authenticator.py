@@ -8,10 +8,12 @@ Design (docs/auth.md has the long form):
 - An API key costs one scrypt the first time it is seen: fixed-cost format
   check → rows with the same display prefix read and validated in full → scrypt
   in the crypto executor (never on the IOLoop) → a conditional UPDATE (same
-  hash, same scopes, enabled=1) publishes the identity and moves `last_used_at`
-  forward. A key disabled or deleted while scrypt ran fails that UPDATE.
+  hash, scopes and policy, enabled=1, not expired) publishes the identity and
+  moves `last_used_at` forward. A key disabled or deleted while scrypt ran fails that UPDATE.
 - Verified keys are cached in memory, keyed by SHA-256 of the secret; a
-  repeat request is a dict lookup. Every key mutation in this process calls
+  repeat request is a dict lookup and, for a key with `expires_at`, one
+  integer compare: an expired key is refused like a disabled one, cached or
+  not (the conditional UPDATE refuses it too). Every key mutation in this process calls
   `forget(key_id)` *before* its write, so disable/delete hold for the next
   request; the cache epoch makes a derivation that raced a mutation uncacheable.
   Entries are re-checked against SQLite (no scrypt) after `REVALIDATE_S`, which
@@ -122,6 +124,7 @@ class _Verified:
     checked_at: float
     hash_hex: str
     scopes_json: str
+    policy: tuple[Any, ...]  # the row's policy columns (store.policy_of)
 
 
 class Authenticator:
@@ -160,6 +163,10 @@ class Authenticator:
         hit = self._cache.get(digest)
         key_id = hit.identity.key_id if hit else None
         if hit and key_id and hit.epoch == self._epochs.get(key_id, 0):
+            expires_at = hit.identity.expires_at
+            if expires_at is not None and expires_at <= now_ms():
+                del self._cache[digest]  # expired while cached: refused like a disabled key
+                raise Unauthenticated("unknown credential")
             if time.monotonic() - hit.checked_at < REVALIDATE_S:
                 self._cache.move_to_end(digest)
                 self._used[key_id] = max(self._used.get(key_id, 0), now_ms())
@@ -193,7 +200,7 @@ class Authenticator:
         key_id = hit.identity.key_id
         assert key_id is not None
         epoch = self._epochs.get(key_id, 0)
-        ok = await self._db.query(store.confirm, key_id, hit.hash_hex, hit.scopes_json, now_ms())
+        ok = await self._db.query(store.confirm, key_id, hit.hash_hex, hit.scopes_json, hit.policy, now_ms())
         return ok and epoch == self._epochs.get(key_id, 0)
 
     async def _verify(self, token: str, digest: bytes) -> tuple[Identity, int]:
@@ -207,7 +214,7 @@ class Authenticator:
             except CorruptRecord as exc:
                 log.warning("refusing a corrupt api key record: %s", exc.message)
                 continue
-            if record.enabled:
+            if record.enabled and not record.expired():  # an expired key costs no scrypt either
                 candidates.append((record, row))
         if not candidates:
             raise Unauthenticated("unknown credential")  # no scrypt: nothing to compare with
@@ -219,13 +226,22 @@ class Authenticator:
                     self._crypto, material.matches, token, record.salt, record.hash
                 ):
                     continue
-                scopes_json = row["scopes"]
-                if not await self._db.query(store.confirm, record.id, row["hash"], scopes_json, now_ms()):
+                scopes_json, policy = row["scopes"], store.policy_of(row)
+                if not await self._db.query(
+                    store.confirm, record.id, row["hash"], scopes_json, policy, now_ms()
+                ):
                     raise Unauthenticated("unknown credential")  # disabled/deleted/changed meanwhile
-                identity = Identity(kind="api_key", key_id=record.id, scopes=frozenset(record.scopes))
+                identity = Identity(
+                    kind="api_key",
+                    key_id=record.id,
+                    scopes=frozenset(record.scopes),
+                    expires_at=record.expires_at,
+                    policy=record.policy(),
+                )
                 if epoch == self._epochs.get(record.id, 0):
                     self._remember(
-                        digest, _Verified(identity, epoch, time.monotonic(), row["hash"], scopes_json)
+                        digest,
+                        _Verified(identity, epoch, time.monotonic(), row["hash"], scopes_json, policy),
                     )
                 return identity, epoch
         raise Unauthenticated("unknown credential")

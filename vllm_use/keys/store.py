@@ -35,6 +35,14 @@ def set_enabled(db: Database, key_id: str, enabled: bool) -> dict[str, Any] | No
     return one_row(db, key_id)
 
 
+def update(db: Database, key_id: str, fields: dict[str, Any]) -> dict[str, Any] | None:
+    """Write `fields` (column → value, None clearing a limit); the row after, None if there is no
+    such key."""
+    if fields:
+        ApiKeyTable.update(**fields).where(ApiKeyTable.id == key_id).execute(db.peewee_db)
+    return one_row(db, key_id)
+
+
 def delete(db: Database, key_id: str) -> int:
     return ApiKeyTable.delete().where(ApiKeyTable.id == key_id).execute(db.peewee_db)
 
@@ -43,13 +51,27 @@ def count(db: Database) -> int:
     return ApiKeyTable.select().count(db.peewee_db)
 
 
-def confirm(db: Database, key_id: str, hash_hex: str, scopes_json: str, used_ms: int) -> bool:
-    """The publishing step of a verification: true only if the key is still enabled and unchanged
-    (same hash, same scopes); it also records the use."""
+# The key policy's columns (docs/auth.md, "API keys"), in the order `confirm` compares them.
+POLICY_COLUMNS = ("expires_at", "models", "rpm", "max_concurrent", "tokens_per_day")
+
+
+def policy_of(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A row's policy columns as stored, for `confirm`."""
+    return tuple(row.get(column) for column in POLICY_COLUMNS)
+
+
+def confirm(
+    db: Database, key_id: str, hash_hex: str, scopes_json: str, policy: tuple[Any, ...], used_ms: int
+) -> bool:
+    """The publishing step of a verification: true only if the key is still enabled, not expired
+    at `used_ms` and unchanged (same hash, scopes and policy: `policy_of`); it also records the use."""
     cursor = db.execute(
         "UPDATE api_keys SET last_used_at = MAX(COALESCE(last_used_at, 0), ?) "
-        "WHERE id = ? AND hash = ? AND scopes = ? AND enabled = 1",
-        (used_ms, key_id, hash_hex, scopes_json),
+        "WHERE id = ? AND hash = ? AND scopes = ? AND enabled = 1 "
+        "AND (expires_at IS NULL OR expires_at > ?) "
+        # IS: NULL equals NULL. The columns of POLICY_COLUMNS, in its order.
+        "AND expires_at IS ? AND models IS ? AND rpm IS ? AND max_concurrent IS ? AND tokens_per_day IS ?",
+        (used_ms, key_id, hash_hex, scopes_json, used_ms, *policy),
     )
     return cursor.rowcount == 1
 
