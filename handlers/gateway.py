@@ -203,19 +203,30 @@ class GatewaySurface(JsonHandler):
 
     def on_finish(self) -> None:
         """Tornado runs this once the response is done (or the connection closed under it):
-        forget the request in `app.live` and audit it. A request refused before a key was
-        recognised is not audited: `authenticate` counted it (docs/gateway.md)."""
+        count it in the metrics, forget it in `app.live` and audit it. A request refused before a
+        key was recognised is counted but not audited: `authenticate` counted the refusal
+        (docs/gateway.md, docs/observability.md)."""
         super().on_finish()
+        status = (
+            502 if self._upstream_broke else 499 if self._client_gone or self._stopped else self.get_status()
+        )
+        duration_ms = (time.perf_counter() - self.started) * 1000
+        first_byte = self.first_byte_at
+        self.app.metrics.request_ended(
+            self.request.path,
+            self.deployment,
+            status,
+            duration_ms / 1000,
+            None if first_byte is None else first_byte - self.started,
+            self.prompt_tokens,
+            self.completion_tokens,
+        )
         identity = self.identity
         if identity is None or identity.key_id is None:
             return
         self.app.live.remove(identity.key_id, getattr(self, "_live_token", 0))
         if self._holds_slot:
             self.app.limits.release(identity.key_id)
-        status = (
-            502 if self._upstream_broke else 499 if self._client_gone or self._stopped else self.get_status()
-        )
-        duration_ms = (time.perf_counter() - self.started) * 1000
         self.app.audit.record(
             audit_id=self.audit_id,
             request_id=self.request_id,

@@ -28,6 +28,7 @@ from tests.support.deployments import (
     states,
 )
 from tests.support.gpus import GIB, TOTAL, gpu_server, gpus_file, held
+from tests.support.prometheus import read_metrics, value
 from tests.support.server import eventually, free_port, start_server
 from vllm_use.deployments.instances import (
     SLEEP_CHECK_DEFAULT_S,
@@ -186,6 +187,14 @@ def test_sleep_and_wake_by_the_api_and_eviction_puts_a_sleeper_aside(tmp_path: P
         assert chat(server, secret, "nap").status_code == 200
         assert states(server) == {"nap": "ready", "other": "unloaded"}
         assert instance(server, "nap")["pid"] == pid
+        # GET /metrics counted each of those (docs/observability.md, "Metrics").
+        samples = read_metrics(server, server.create_key("metrics")[1])
+        events = ("loads", "sleeps", "wakes", "evictions")
+        counted = {
+            name: [value(samples, f"vllm_use_deployment_{event}_total", deployment=name) for event in events]
+            for name in ("nap", "other")
+        }
+        assert counted == {"nap": [1, 2, 2, 1], "other": [1, 0, 0, 1]}
         # Bad requests change nothing: not asleep → 409; unknown → 404.
         assert server.fetch("/api/deployments/nap/wake", "POST").status_code == 409
         assert server.fetch("/api/deployments/nobody/sleep", "POST").status_code == 404

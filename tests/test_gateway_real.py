@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.prometheus import read_metrics, scraping, value
 from tests.support.real_vllm import RealVllm, serving_real_vllm, settle
 from tests.support.server import Server, eventually, free_port
 
@@ -245,3 +246,47 @@ def test_responses_and_messages_streams_record_the_counts_vllm_reports(gateway: 
             reported = (start["input_tokens"], delta["output_tokens"])
         assert reported[0] > 0 and 0 < reported[1] <= 5, reported
         assert recorded(server, request_id) == reported, path
+
+
+def test_a_real_prometheus_scrapes_the_gateway_and_the_real_vllm_behind_it(
+    gateway: tuple[Server, str], tmp_path: Path
+) -> None:
+    """docs/observability.md, "Metrics": runtime.switch made `tiny` a deployment, so its requests
+    and vLLM's own metrics carry deployment="tiny"."""
+    server, key = gateway
+    metrics_key = server.create_key("metrics", name="prometheus")[1]
+    client = openai.OpenAI(
+        api_key=key,
+        base_url=server.base_url + "/v1",
+        http_client=httpx.Client(trust_env=False),
+        max_retries=0,
+    )
+    labels = {"route": "/v1/chat/completions", "deployment": "tiny", "status": "2xx"}
+    chats = "vllm_use_requests_total{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    with scraping(tmp_path / "prometheus", server.base_url, metrics_key) as prometheus:
+        before = read_metrics(server, metrics_key)
+        message = [{"role": "user", "content": "Hello"}]
+        reply = client.chat.completions.create(model="tiny", messages=message, max_tokens=8)
+        chunks = list(
+            client.chat.completions.create(
+                model="tiny",
+                messages=message,
+                max_tokens=8,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        usages = [reply.usage, chunks[-1].usage]
+        assert all(usage is not None for usage in usages)
+        expected = {chats: value(before, "vllm_use_requests_total", **labels) + 2}
+        for kind in ("prompt", "completion"):
+            made = sum(getattr(usage, f"{kind}_tokens") for usage in usages)
+            total = value(before, f"vllm_use_{kind}_tokens_total", deployment="tiny") + made
+            expected[f'vllm_use_{kind}_tokens_total{{deployment="tiny"}}'] = total
+        for query, wanted in expected.items():
+            eventually(lambda q=query, w=wanted: prometheus.value(q) == w, timeout=30, interval=0.5)
+        running = eventually(
+            lambda: prometheus.query('vllm:num_requests_running{deployment="tiny"}'), timeout=30, interval=0.5
+        )
+    assert [sample["metric"]["model_name"] for sample in running] == ["tiny"]
+    assert running[0]["metric"]["job"] == "vllm-use"

@@ -225,6 +225,7 @@ TABLE_HOMES = {
     "ModelTable": {"vllm_use.models.store"},
     "DownloadTaskTable": {"vllm_use.models.store"},
     "DeploymentTable": {"vllm_use.deployments.store"},
+    "UsageDailyTable": {"vllm_use.usage.store"},
 }
 # The SQL table names, which raw queries name instead of the class.
 SQL_NAMES = {
@@ -234,6 +235,7 @@ SQL_NAMES = {
     "ModelTable": "models",
     "DownloadTaskTable": "download_tasks",
     "DeploymentTable": "deployments",
+    "UsageDailyTable": "usage_daily",
 }
 
 

@@ -47,9 +47,9 @@ async def test_every_route_refuses_requests_without_credentials(app, http_client
             assert r.code in (401, 405), (verb, path, r.code)
             if r.code == 401:
                 checked += 1
-    # every /api route (docs/api_methods.md) was reached, plus /api/methods, /api/openapi.json, /mcp
-    # and /tools
-    assert checked >= len(ROUTES) + 4
+    # every /api route (docs/api_methods.md) was reached, plus /api/methods, /api/openapi.json, /mcp,
+    # /tools and /metrics
+    assert checked >= len(ROUTES) + 5
 
 
 @pytest.mark.gen_test

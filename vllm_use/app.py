@@ -21,7 +21,7 @@ from typing import Any
 import tornado.web
 from tornado.ioloop import PeriodicCallback
 
-from handlers import api, events, gateway, mcp, signin, static, tools
+from handlers import api, events, gateway, mcp, metrics, signin, static, tools
 from handlers.base import NotFoundJson
 from handlers.server import GuardedHTTPServer, connection_limit
 from vllm_use import fsafety
@@ -39,6 +39,7 @@ from vllm_use.gateway.streams import StreamRegistry
 from vllm_use.gateway.upstream import UpstreamPool
 from vllm_use.keys.authenticator import FLUSH_S, Authenticator
 from vllm_use.keys.limits import KeyLimits
+from vllm_use.observability.metrics import Metrics
 from vllm_use.recovery import recover
 from vllm_use.runtime.lifecycle import Lifecycle
 from vllm_use.runtime.supervisor import Supervisor
@@ -124,11 +125,13 @@ def build_context(config: Config) -> AppContext:
         streams=StreamRegistry(),
         live=LiveRequests(),
         instances=instances,
+        metrics=Metrics(),
         limits=KeyLimits(usage, instances),
         usage=usage,
         lifecycle=lifecycle,
         tools=toolbox,
     )
+    app.downloads.subscribe(app.metrics.download_event)
     app.lifecycle.add_running_check(app.runtime.is_running)
     app.lifecycle.add_running_check(app.instances.is_running)
     app.instances.loader = lambda name, one_more: deployments.begin_load(app, name, one_more)
@@ -147,6 +150,7 @@ def make_app(app: AppContext) -> tornado.web.Application:
     handlers += signin.default_handlers(common)  # public: the sign-in page's hint
     handlers += mcp.default_handlers(common)
     handlers += tools.default_handlers(common)  # answers 404 itself when the tools are off
+    handlers += metrics.default_handlers(common)  # GET /metrics (docs/observability.md)
     # /api, /mcp, /tools and /v1 never fall back to the console.
     handlers += [(r"/(?:api|v1)(?:/.*)?", NotFoundJson, common), (r"/(?:mcp|tools)/.+", NotFoundJson, common)]
     handlers += static.default_handlers()

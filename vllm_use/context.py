@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from vllm_use.gateway.upstream import UpstreamPool
     from vllm_use.keys.authenticator import Authenticator
     from vllm_use.keys.limits import KeyLimits
+    from vllm_use.observability.metrics import Metrics
     from vllm_use.registry import Registry
     from vllm_use.runtime.supervisor import Supervisor
     from vllm_use.storage import Database
@@ -44,6 +45,7 @@ class AppContext:
     streams: StreamRegistry
     live: LiveRequests  # open /v1 requests by key id, closed when the key is revoked
     instances: Instances  # the deployments' vLLM children (docs/router.md)
+    metrics: Metrics  # GET /metrics and dashboard.get's traffic (docs/observability.md)
     limits: KeyLimits  # the keys' model lists and limits at /v1 (docs/observability.md)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     tools: Toolbox | None = None  # /tools: None when off (docs/tools.md)

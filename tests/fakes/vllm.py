@@ -7,7 +7,7 @@ It mimics what the real vLLM 0.32 (CPU build) does, as measured in docs/vllm-fac
 - `vllm serve MODEL [flags]` parses the serve flags (unknown `--flag [value…]` are recorded, not rejected,
   unless FAKE_VLLM_STRICT=1), binds the port at once but does NOT listen while "loading" (connections are
   refused, exactly like the real one), then listens and serves `GET /health` (200, empty body),
-  `GET /version`, `GET /v1/models`, `POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`,
+  `GET /version`, `GET /metrics`, `GET /v1/models`, `POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`,
   `/v1/messages` and `/v1/messages/count_tokens` (plain and streamed). The generated text is a
   deterministic echo, `Echo: <the last user message>`, one piece (token) per word, cut to `max_tokens`
   and to the room the prompt leaves in `--max-model-len` (finish reason `length`); a prompt counts a
@@ -99,6 +99,12 @@ environment without them, so tests set them in a wrapper script (`fake_vllm_bin`
                                 attachments). Content parts are checked as vLLM's parser does: `text`,
                                 `image_url` with a `url`, `input_audio` with `data` and `format`; another
                                 part or a part without its field is a 400.
+  FAKE_VLLM_METRICS_FAILS=1     `GET /metrics` answers 500 (the rest works): an instance whose metrics
+                                cannot be read. Without it, /metrics serves a few of vLLM's families in the
+                                Prometheus text format with its labels (`engine`, `model_name`):
+                                `vllm:num_requests_running` (the streams under way), `..._waiting` (0),
+                                `vllm:kv_cache_usage_perc` (0) and `vllm:generation_tokens_total` (the
+                                streamed pieces so far).
   FAKE_VLLM_MAX_LIFETIME=600    Safety net: the main process and its children exit by themselves after
                                 this many seconds (0 = never), so a forgotten test process doesn't linger.
 
@@ -448,6 +454,13 @@ class Handler(BaseHTTPRequestHandler):
     def version(self) -> None:
         self._json(200, {"version": VERSION})
 
+    def metrics(self) -> None:
+        app = self.server.app
+        if os.environ.get("FAKE_VLLM_METRICS_FAILS", "") not in ("", "0"):
+            self._send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+            return
+        self._send(200, app.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
+
     def sleep(self) -> None:
         self._sleep_or_wake(True)
 
@@ -635,6 +648,7 @@ DEV_ROUTES: dict[str, dict[str, Any]] = {
 ROUTES: dict[str, dict[str, Any]] = {
     "/health": {"GET": Handler.health},
     "/version": {"GET": Handler.version},
+    "/metrics": {"GET": Handler.metrics},
     "/v1/models": {"GET": Handler.models},
     "/v1/chat/completions": {"POST": Handler.chat},
     "/v1/completions": {"POST": Handler.completions},
@@ -765,6 +779,22 @@ class App:
     def active_streams(self) -> int:
         with self._engine_lock:
             return self._streams
+
+    def metrics_text(self) -> bytes:
+        """A few of vLLM's families as its /metrics writes them (prometheus_client's text format)."""
+        with self._engine_lock:
+            running, generated = self._streams, self.generated
+        labels = f'engine="0",model_name="{self.served_names[0]}"'
+        families = [
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", "gauge", running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "gauge", 0),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge", 0),
+            ("vllm:generation_tokens_total", "Number of generation tokens processed.", "counter", generated),
+        ]
+        lines = []
+        for name, text, kind, value in families:
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)}"]
+        return ("\n".join(lines) + "\n").encode()
 
     def _max_len(self) -> int:
         if self.args.max_model_len is not None and self.args.max_model_len > 0:

@@ -95,10 +95,19 @@ class Counts(BaseModel):
     requests: int
 
 
+class Traffic(BaseModel):
+    requests_per_s: float = Field(description="/v1 requests ended per second over the last window_s seconds")
+    window_s: int
+    active_streams: int = Field(
+        description="/v1 requests open now; a streamed answer counts until its last event"
+    )
+
+
 class Dashboard(Result):
     system: SystemInfo
     gpus: DashboardGpus
     counts: Counts
+    traffic: Traffic
 
 
 async def _gpus_or_error() -> dict[str, Any]:
@@ -225,7 +234,12 @@ async def mcp_status(call: Call, args: NoArgs) -> dict[str, Any]:
 async def dashboard_get(call: Call, args: NoArgs) -> dict[str, Any]:
     gpus = await _gpus_or_error()
     system, counts = await asyncio.gather(system_info(call, gpus), call.app.db.query(_count_rows))
-    return {"system": system, "gpus": gpus, "counts": counts}
+    return {
+        "system": system,
+        "gpus": gpus,
+        "counts": counts,
+        "traffic": call.app.metrics.traffic_now(call.app),
+    }
 
 
 def register(registry: Registry) -> None:
@@ -254,8 +268,8 @@ def register(registry: Registry) -> None:
     )(mcp_status)
     registry.method(
         "dashboard.get",
-        "One call for the overview page: system (with the machine's CPUs, memory and disk), GPUs and record "
-        "counts.",
+        "One call for the overview page: system (with the machine's CPUs, memory and disk), GPUs, record "
+        "counts and the /v1 traffic of the last minute.",
         NoArgs,
         Dashboard,
         READ,

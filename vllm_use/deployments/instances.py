@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -164,6 +165,9 @@ class Instances:
         # `one_more`: evict one more instance first (the last start failed for GPU memory).
         self.loader: Callable[[str, bool], Awaitable[Child]] | None = None
         self.waiting = 0  # /v1 requests waiting for an instance to become ready
+        # (event, deployment) → how many times: "load" (a start), "eviction", "sleep", "wake";
+        # GET /metrics reads it (docs/observability.md).
+        self.tally: Counter[tuple[str, str]] = Counter()
         self._listeners: set[Callable[[str], None]] = set()
         self._turn = asyncio.Lock()  # requests that must start or wake an instance, in arrival order
         self._room = asyncio.Event()  # set when room may have appeared
@@ -373,6 +377,7 @@ class Instances:
 
     async def _evict(self, victim: str, reason: str) -> None:
         """Put `victim` to sleep where it can sleep, else stop it (the caller holds the lock)."""
+        self.tally["eviction", victim] += 1
         self._disarm(victim)
         if self._can_sleep(victim):
             log.info("deployment %s: put to sleep to make room (%s)", victim, reason)
@@ -439,6 +444,7 @@ class Instances:
         use.gpus, use.share = share_of(deployment["options"])
         use.sleep_mode, use.asleep, use.phase = sleep_mode, False, None
         self._spawned_as[name] = deployment["updated_at"]  # the version it runs
+        self.tally["load", name] += 1
         return child
 
     async def stop(self, name: str, grace_s: float) -> dict[str, Any]:
@@ -724,6 +730,7 @@ class Instances:
         if supervisor.child is not child or supervisor.state is not RuntimeState.READY:
             return False  # it died meanwhile
         use.phase, use.asleep = None, True
+        self.tally["sleep", name] += 1
         log.info("deployment %s: asleep (%.0f MiB of GPU memory given back)", name, awake / 2**20)
         if self.config.max_sleep:
             loop = asyncio.get_running_loop()
@@ -797,6 +804,7 @@ class Instances:
             self._changed(name)
         if supervisor.child is child and supervisor.state is RuntimeState.READY:
             use.asleep = False
+            self.tally["wake", name] += 1
             log.info("deployment %s: awake", name)
             self._arm(name)
         if not woken.done():

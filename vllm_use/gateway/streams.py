@@ -332,8 +332,9 @@ class StreamRegistry:
     def held_bytes(self) -> int:
         return self._held
 
-    def live_count(self, owner: str) -> int:
-        return self._live.get(owner, 0)
+    def live_count(self, owner: str | None = None) -> int:
+        """Live sessions of `owner`, or of every key (GET /metrics)."""
+        return self._live.get(owner, 0) if owner is not None else sum(self._live.values())
 
     def create(self, conversation_id: str, owner: str, model: str | None = None) -> StreamSession:
         """Start the one live session of `conversation_id` for `owner`, replacing (and cancelling)
