@@ -52,6 +52,9 @@ $(LIBS)/node_modules/.vendored: $(LIBS)/package.json $(LIBS)/package-lock.json
 	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/pdfjs-dist/build/pdf.min.mjs > static/vendor/pdf.js
 	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/pdfjs-dist/build/pdf.worker.min.mjs > static/vendor/pdf.worker.js
 	cp $(LIBS)/node_modules/pdfjs-dist/LICENSE static/vendor/pdfjs.LICENSE
+	sed '/^\/\/# sourceMappingURL=/d' $(LIBS)/node_modules/uplot/dist/uPlot.esm.js > static/vendor/uplot.js
+	cp $(LIBS)/node_modules/uplot/dist/uPlot.min.css static/vendor/uplot.css
+	cp $(LIBS)/node_modules/uplot/LICENSE static/vendor/uplot.LICENSE
 	touch $@
 
 # Test-only tools that are not Python packages: the MCP Inspector (npm, pinned by tools/package-lock.json).
@@ -106,7 +109,7 @@ screenshots:
 	SCREENSHOTS_DIR="$(CURDIR)/docs/screenshots" PATH="$(CURDIR)/$(BIN):$$PATH" \
 	  $(BIN)/python -m pytest tests/test_console_flow.py tests/test_chat.py tests/test_chat_attachments.py tests/test_chat_tools.py \
 	    tests/test_console_first_run.py \
-	    tests/test_console_models.py tests/test_console_requests.py $(ARGS)
+	    tests/test_console_models.py tests/test_console_requests.py tests/test_console_usage.py $(ARGS)
 
 lint: .venv
 	$(BIN)/ruff check .

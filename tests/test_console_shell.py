@@ -22,6 +22,7 @@ PAGES = [
     "/runtime",  # not in the navigation, linked from the deployments page
     "/keys",
     "/requests",
+    "/usage",
     "/settings",
     "/mcp-setup",
 ]
@@ -183,6 +184,7 @@ NAVIGATION = [
     "Chat",
     "API keys",
     "Requests",
+    "Usage",
     "Settings",
     "MCP",
 ]

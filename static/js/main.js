@@ -30,6 +30,7 @@ const ROUTES = [
   { path: "/chat", title: "Chat", module: "./pages/chat.js" },
   { path: "/keys", title: "API keys", module: "./pages/keys.js" },
   { path: "/requests", title: "Requests", module: "./pages/requests.js" },
+  { path: "/usage", title: "Usage", module: "./pages/usage.js" },
   { path: "/settings", title: "Settings", module: "./pages/settings.js" },
   { path: "/mcp-setup", title: "MCP", module: "./pages/mcp.js" },
 ];

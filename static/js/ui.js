@@ -89,8 +89,10 @@ export function showFieldErrors(form, error) {
   for (const input of form.querySelectorAll("[aria-invalid]")) input.removeAttribute("aria-invalid");
   let placed = false;
   for (const [field, message] of Object.entries((error && error.fieldErrors) || {})) {
-    const input = form.querySelector(`[name="${CSS.escape(field)}"]`);
-    if (!input) continue;
+    // A path into a list or an object ("models.1") lands under the field that holds it ("models").
+    const input = form.querySelector(`[name="${CSS.escape(field)}"]`)
+      || form.querySelector(`[name="${CSS.escape(field.split(".")[0])}"]`);
+    if (!input || input.getAttribute("aria-invalid") === "true") continue;
     const id = `${input.id || field}-error`;
     const note = h("p.field-error", { id, role: "alert" }, message);
     input.setAttribute("aria-invalid", "true");
@@ -189,10 +191,24 @@ export function formatDuration(seconds) {
   return `${Math.floor(hours / 24)} d ${hours % 24} h`;
 }
 
+// The last `days` UTC days ending today, as the API's {since, until} (YYYY-MM-DD; usage.summary).
+export function utcRange(days, now = new Date()) {
+  const until = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate()));
+  const since = new Date(until.getTime() - (days - 1) * 86400_000);
+  return { since: since.toISOString().slice(0, 10), until: until.toISOString().slice(0, 10) };
+}
+
 export function formatTime(iso) {
   if (!iso) return "—";
   const date = new Date(iso);
   return Number.isNaN(date.getTime()) ? String(iso) : date.toLocaleString();
+}
+
+// The same to the minute, month in words ("Dec 2, 2026, 4:13 PM"): for a table's narrow cells.
+export function formatShortTime(iso) {
+  if (!iso) return "—";
+  const date = new Date(iso);
+  return Number.isNaN(date.getTime()) ? String(iso) : date.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
 }
 
 // A bar for a fraction 0..1 (or null: indeterminate), with its text for screen readers.

@@ -2,16 +2,22 @@
 // create one. A new key's secret is shown once, in a dialog; closing it removes the secret from
 // the page, and it is never stored (not in storage, not in the URL, not in a variable that lives on).
 //
-// API: GET /api/keys; POST /api/keys {name, scopes}; POST /api/keys/{id}/disable and /enable;
-// DELETE /api/keys/{id}.
+// API: GET /api/keys; POST /api/keys {name, scopes, limits…}; PATCH /api/keys/{id} {name?, limits…}
+// (the Edit dialog, key-limits.js); POST /api/keys/{id}/disable and /enable; DELETE /api/keys/{id};
+// GET /api/usage for today (UTC) only: each key's tokens and requests today.
+//
+// Each key shows its limits (expiry, models, requests per minute, at once, tokens per day; "no
+// limit" when unset; docs/observability.md, "Key limits") and an "expired" badge once its expiry
+// has passed.
 //
 // A new key with the inference scope gets "Connect a client" (js/connect.js) in its dialog, the
 // secret filled into the snippets; it goes with the dialog.
 import { api } from "../api.js";
 import { connectPanel, servedModels } from "../connect.js";
+import { editKeyDialog, limitFields, limitsSummary, todaySummary } from "./key-limits.js";
 import {
-  badge, clear, confirmDialog, copyButton, empty, errorSlot, field, formatTime, h, humanError, pageHeader,
-  placeholder, showError, showFieldErrors, toast,
+  badge, clear, confirmDialog, copyButton, empty, errorSlot, field, formatShortTime, h, humanError, pageHeader,
+  placeholder, showError, showFieldErrors, toast, utcRange,
 } from "../ui.js";
 
 // The scopes (vllm_use/scopes.py), grouped by where the key is used, each with what it allows.
@@ -31,6 +37,9 @@ const SCOPE_GROUPS = [
     ["mcp.models", "MCP tools that register and delete models and start or cancel downloads."],
     ["mcp.runtime", "MCP tools that start, switch, restart and stop vLLM."],
     ["mcp.admin", "Every MCP tool, keys and settings included (not /api, not /v1)."],
+  ]],
+  ["Monitoring (/metrics), for Prometheus", [
+    ["metrics", "Read GET /metrics: request counts, latencies, token totals and each vLLM's own metrics; no prompts, no key ids."],
   ]],
 ];
 
@@ -57,12 +66,14 @@ export async function render(root, page) {
           h("input", { type: "checkbox", name: "scopes", value: scope, id, "aria-describedby": `${id}-meaning` }),
           h("div", h("label", { for: id }, h("code", scope)), h("p.hint", { id: `${id}-meaning` }, meaning)));
       }))));
+  const limits = limitFields();
   const submit = h("button.button.primary", { type: "submit" }, "Create key");
   const formError = errorSlot();
   const form = h("form.card.key-form", { novalidate: true, "aria-labelledby": "keys-create" },
     h("h2#keys-create", "Create a key"),
     field("Name", nameInput, "To recognise it later: who or what uses it."),
     scopes,
+    limits.element,
     h("div.actions", submit),
     formError);
   root.append(form);
@@ -71,8 +82,17 @@ export async function render(root, page) {
   // After an action, focus goes back to the same row's new button (or to the heading).
   const load = async (focus = null) => {
     let keys;
+    let today = null; // key id → today's use; null when usage could not be read
     try {
-      ({ keys } = await api("GET", "/keys", undefined, { signal: page.signal }));
+      const [listed, used] = await Promise.all([
+        api("GET", "/keys", undefined, { signal: page.signal }),
+        api("GET", "/usage", undefined, { query: utcRange(1), signal: page.signal }).catch((error) => {
+          if (error.name === "AbortError" || error.status === 401) throw error;
+          return null; // the keys are still worth showing
+        }),
+      ]);
+      keys = listed.keys;
+      if (used) today = new Map(used.keys.map((k) => [k.key_id, k]));
     } catch (error) {
       if (error.name === "AbortError" || error.status === 401) return;
       clear(listBody, h("p.error-text", { role: "alert" }, `Could not load the keys: ${humanError(error)}`));
@@ -83,8 +103,9 @@ export async function render(root, page) {
         + "agents need an mcp.* key to use the MCP tools. Create one with the form below."));
     } else {
       clear(listBody, h("div.table-wrap", h("table.keys-table",
-        h("thead", h("tr", ["Name", "Key", "Scopes", "Status", "Created", "Last used", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
-        h("tbody", keys.map(row)))));
+        h("thead", h("tr", ["Name", "Key", "Scopes", "Status", "Limits", "Today", "Last used", "Actions"]
+          .map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", keys.map((key) => row(key, today))))));
     }
     if (focus) {
       const target = focus.keyId && listBody.querySelector(`tr[data-key-id="${CSS.escape(focus.keyId)}"] [data-action="${focus.action}"]`);
@@ -92,9 +113,13 @@ export async function render(root, page) {
     }
   };
 
-  const row = (key) => {
+  const row = (key, today) => {
     const label = key.name || key.id;
     const actions = [];
+    if (!key.problem) {
+      actions.push(h("button.button.small", { type: "button", dataset: { action: "edit" },
+        onclick: (event) => edit(event.currentTarget, key) }, "Edit"));
+    }
     if (key.problem === null || key.problem === undefined) {
       const action = key.enabled ? "disable" : "enable";
       actions.push(h("button.button.small", { type: "button", dataset: { action },
@@ -104,14 +129,16 @@ export async function render(root, page) {
       actions.push(h("button.button.small.danger", { type: "button", dataset: { action: "delete" },
         onclick: (event) => remove(event.currentTarget, key) }, "Delete"));
     }
-    const status = key.problem ? "corrupt" : key.enabled ? "enabled" : "disabled";
+    const status = key.problem ? "corrupt" : !key.enabled ? "disabled" : key.expired ? "expired" : "enabled";
     return h("tr", { dataset: { keyId: key.id } },
       h("td.key-name", key.name || "—", key.problem ? h("p.error-text", key.problem) : null),
-      h("td", key.prefix ? h("code", `${key.prefix}…`) : "—", h("div.muted.key-id", "id ", h("code", key.id))),
+      h("td", key.prefix ? h("code", `${key.prefix}…`) : "—", h("div.muted.key-id", "id ", h("code", key.id)),
+        key.created_at ? h("div.muted.key-created", `created ${formatShortTime(key.created_at)}`) : null),
       h("td", key.scopes.length ? h("ul.scope-list", key.scopes.map((s) => h("li", h("code", s)))) : "—"),
       h("td", badge(status)),
-      h("td", formatTime(key.created_at)),
-      h("td", key.last_used_at ? formatTime(key.last_used_at) : "never"),
+      h("td.key-limits-cell", key.problem ? "—" : limitsSummary(key)),
+      h("td.key-today-cell", todaySummary(today ? today.get(key.id) || 0 : null)),
+      h("td.key-used", key.last_used_at ? formatShortTime(key.last_used_at) : "never"),
       h("td", h("div.actions.row-actions", { role: "group", "aria-label": `Actions for ${label}` }, actions)));
   };
 
@@ -127,6 +154,12 @@ export async function render(root, page) {
       button.disabled = false;
       showError(listError, `Could not ${action} “${key.name}”: ${humanError(error)}`);
     }
+  };
+
+  const edit = async (button, key) => {
+    showError(listError, null);
+    if (await editKeyDialog(key, page)) await load({ keyId: key.id, action: "edit" });
+    else if (button.isConnected) button.focus();
   };
 
   const remove = async (button, key) => {
@@ -157,6 +190,7 @@ export async function render(root, page) {
     const name = nameInput.value.trim();
     const chosen = [...form.querySelectorAll('input[name="scopes"]:checked')].map((box) => box.value);
     const missing = {};
+    const policy = Object.fromEntries(Object.entries(limits.collect()).filter(([, value]) => value !== null));
     if (!name) missing.name = "Give the key a name.";
     if (!chosen.length) missing.scopes = "Choose at least one scope.";
     if (Object.keys(missing).length) {
@@ -168,7 +202,7 @@ export async function render(root, page) {
     submit.disabled = true;
     try {
       // The answer holds the secret: it goes straight into the dialog and nowhere else.
-      const created = await api("POST", "/keys", { name, scopes: chosen }, { signal: page.signal });
+      const created = await api("POST", "/keys", { name, scopes: chosen, ...policy }, { signal: page.signal });
       form.reset();
       showSecretOnce(created.key, created.secret, page, submit);
       load();

@@ -2,7 +2,8 @@
 // the runtime and the deployments' instances, record counts, the machine (CPUs, memory, disk), the
 // system (tools) and the GPUs (docs/console.md, "Overview, Connect a client, sign-in").
 //
-// API: GET /api/dashboard (system with its machine facts, GPUs, counts), GET /api/runtime (its
+// API: GET /api/dashboard (system with its machine facts, GPUs, counts, and `traffic`: the request
+// rate over its last `window_s` seconds and the streams open now), GET /api/runtime (its
 // `instances`: every deployment's), GET /api/models, GET /api/deployments and GET /api/keys (the
 // checklist, the names clients use), refreshed every 5 s. Each card is replaced on a refresh except
 // Connect a client, which keeps its choice and a secret just created.
@@ -31,7 +32,7 @@ export async function render(root, page) {
   const addForm = addModelForm({ signal: page.signal, card: false, onAdded: () => refresh() });
   const loading = h("div.overview-loading", placeholder(6));
   // The cards in order; each slot's element is replaced on refresh, the connect card stays.
-  const slots = ["checklist", "connect", "runtime", "counts", "machine", "system", "gpus"];
+  const slots = ["checklist", "connect", "runtime", "traffic", "counts", "machine", "system", "gpus"];
   const shown = Object.fromEntries(slots.map((s) => [s, s === "connect" ? connectCard : h("div", { hidden: true })]));
   const body = h("div.overview", slots.map((s) => shown[s]));
   const error = h("p.error-text", { role: "alert", hidden: true });
@@ -57,6 +58,7 @@ export async function render(root, page) {
       put("checklist", checklist({ models: models.models, deployments, keys: keys.keys, counts: dash.counts, addForm }));
       connect.setModels(modelNames(deployments, runtime));
       put("runtime", runtimeCard(runtime, models.models, deployments));
+      put("traffic", trafficCard(dash.traffic));
       put("counts", countsCard(dash.counts, models.models));
       put("machine", machineCard(dash.system.machine));
       put("system", systemCard(dash.system));
@@ -172,6 +174,22 @@ function runtimeCard(rt, models, deployments) {
     h("h2#ov-runtime", "Runtime"),
     definitionList(rows),
     action ? h("div.actions", action) : null);
+}
+
+// The gateway's load now: requests per second over the last minute and the streams open, refreshed
+// with the page; "—" while the server does not say (an older server).
+function trafficCard(traffic) {
+  const known = traffic && Number.isFinite(traffic.requests_per_s);
+  const rate = known ? traffic.requests_per_s.toFixed(traffic.requests_per_s >= 10 ? 0 : 2) : "—";
+  const streams = traffic && Number.isFinite(traffic.active_streams) ? String(traffic.active_streams) : "—";
+  return h("section.card.traffic-card", { "aria-labelledby": "ov-traffic" },
+    h("h2#ov-traffic", "Traffic"),
+    h("div.stats",
+      h("div.stat", { dataset: { stat: "rate" } }, h("span.stat-value", `${rate} req/s`),
+        h("span.stat-label", "Request rate"),
+        h("span.stat-note", known ? `over the last ${traffic.window_s} s` : "not reported by this server")),
+      h("div.stat", { dataset: { stat: "streams" } }, h("span.stat-value", streams), h("span.stat-label", "Active streams"))),
+    h("div.actions", h("a.button.small.quiet", { href: "/usage" }, "Usage per day")));
 }
 
 function countsCard(counts, models) {
