@@ -33,8 +33,10 @@ from tests.support.server import ADMIN_TOKEN, Server, start_server
 CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
 MAX_EXAMPLES = 25  # per operation and phase; ~5 s a run on 2 cores
 # A key that lacks a method's scope is refused before its arguments are read, so for the scoped runs
-# (which look for undocumented 403s) more examples of one operation only repeat the same refusal.
+# (which look for undocumented 403s) more examples of one operation, the coverage phase's boundary
+# values and the stateful sequences only repeat the same refusal: a few explicit and random cases.
 SCOPED_MAX_EXAMPLES = 6
+SCOPED_PHASES = "examples,fuzzing"
 RUN_TIMEOUT_S = 120
 
 
@@ -50,7 +52,12 @@ def schemathesis_cli() -> str:
 
 
 def run_schemathesis(
-    location: str, base_url: str, token: str, workdir: Path, max_examples: int = MAX_EXAMPLES
+    location: str,
+    base_url: str,
+    token: str,
+    workdir: Path,
+    max_examples: int = MAX_EXAMPLES,
+    phases: str = "examples,coverage,fuzzing,stateful",
 ) -> subprocess.CompletedProcess[str]:
     """`st run` against `base_url` with `Authorization: Bearer <token>`; returns the finished process."""
     cmd = [
@@ -65,6 +72,8 @@ def run_schemathesis(
         CHECKS,
         "--max-examples",
         str(max_examples),
+        "--phases",
+        phases,
         "--generation-deterministic",
         "--workers",
         "1",
@@ -145,7 +154,9 @@ def test_fuzzing_with_a_scoped_key_finds_no_errors(shared_server: Server, tmp_pa
     schema.write_text(json.dumps(openapi(shared_server)))
     _, secret = shared_server.create_key(scope, name=f"fuzz {scope}")
     log_start = len(shared_server.log())
-    proc = run_schemathesis(str(schema), shared_server.base_url, secret, tmp_path, SCOPED_MAX_EXAMPLES)
+    proc = run_schemathesis(
+        str(schema), shared_server.base_url, secret, tmp_path, SCOPED_MAX_EXAMPLES, SCOPED_PHASES
+    )
     assert_clean(proc, shared_server, log_start)
 
 
