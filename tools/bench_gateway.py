@@ -584,7 +584,7 @@ def main() -> None:
         default=BASELINE,
         help="also run the gateway of git revision REV (a temporary worktree), side by side: its rows, "
         f"then CPU per streamed request of both in alternating rounds, PASS within "
-        f"{BEFORE_AFTER_WITHIN:.0%} (default {BASELINE}, before issue 16; '' for none)",
+        f"{BEFORE_AFTER_WITHIN * 100:.0f} %% (default {BASELINE}, before issue 16; '' for none)",
     )
     parser.add_argument("--rounds", type=int, default=6, help="--baseline: alternating rounds")
     parser.add_argument("--round-streams", type=int, default=1000, help="--baseline: streams per round")
