@@ -23,10 +23,7 @@ class ProbeHandler(tornado.web.RequestHandler):
         self.set_header("X-Content-Type-Options", "nosniff")
 
     async def head(self) -> None:
-        await self.get()  # Tornado sends HEAD's headers without the body
-
-    async def get(self) -> None:
-        raise NotImplementedError
+        await self.get()  # each probe's own GET; Tornado sends HEAD's headers without the body
 
 
 class LiveHandler(ProbeHandler):
