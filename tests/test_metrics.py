@@ -264,9 +264,8 @@ def test_a_download_is_counted_by_outcome_with_the_bytes_it_wrote(served: dict[s
     r = server.fetch("/api/downloads", "POST", json={"model_id": r.json()["model"]["id"]})
     assert r.status_code == 201, r.text
     path = f"/api/downloads/{r.json()['task']['id']}"
-    task = eventually(
-        lambda: (t := server.fetch(path).json()["task"])["status"] != "running" and t, timeout=60
-    )
+    ended = ("succeeded", "failed", "canceled")  # a task is "pending" before it runs
+    task = eventually(lambda: (t := server.fetch(path).json()["task"])["status"] in ended and t, timeout=60)
     size = sum(len(data) for data in REPO_FILES.values())
     assert task["status"] == "succeeded" and task["bytes_done"] == size
     after = read_metrics(server, key)

@@ -406,6 +406,10 @@ async def run(
         Target("gateway + conv-id", gw_port, "fast", secrets, conversation=True, pid=server_pid),
     ]
     targets += others
+    baseline = next((other for other in others if other.name.startswith("gateway @")), None)
+    if opts.compare_only and baseline is not None:
+        report_before_after(opts, *await before_after(opts, targets[1], baseline))
+        return
     rows: dict[tuple[str, bool, int], dict[str, float]] = {}
     gw_requests = gw_opened = 0
     print(
@@ -474,7 +478,6 @@ async def run(
             for pid in (upstream_pid, os.getpid(), server_pid):
                 pin(pid, everything)
     remote, local = time_wait(upstream_port)
-    baseline = next((other for other in others if other.name.startswith("gateway @")), None)
     compared = await before_after(opts, targets[1], baseline) if baseline is not None else None
 
     print("Targets (gateway CPU per request from the c=32 rows; TTFB from the c=1 rows):")
@@ -585,6 +588,11 @@ def main() -> None:
         help="also run the gateway of git revision REV (a temporary worktree), side by side: its rows, "
         f"then CPU per streamed request of both in alternating rounds, PASS within "
         f"{BEFORE_AFTER_WITHIN * 100:.0f} %% (default {BASELINE}, before issue 16; '' for none)",
+    )
+    parser.add_argument(
+        "--compare-only",
+        action="store_true",
+        help="with --baseline: only the alternating rounds (no table, no healthz probes)",
     )
     parser.add_argument("--rounds", type=int, default=6, help="--baseline: alternating rounds")
     parser.add_argument("--round-streams", type=int, default=1000, help="--baseline: streams per round")

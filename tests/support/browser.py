@@ -89,8 +89,12 @@ class Watched:
 
     def _failed(self, request: Request) -> None:
         failure = request.failure or ""
-        # Leaving a page aborts its in-flight fetches and event stream on purpose (AbortController).
-        if "ERR_ABORTED" in failure and request.url.startswith(self.origin + "/api/"):
+        # Leaving a page (or reloading it) aborts its in-flight fetches and event stream on purpose
+        # (AbortController): the admin API's, and the chat page's reads of `/v1` (its model list).
+        if "ERR_ABORTED" in failure and (
+            request.url.startswith(self.origin + "/api/")
+            or (request.method == "GET" and request.url.startswith(self.origin + "/v1/"))
+        ):
             return
         self.problems.append(f"request failed: {request.method} {request.url} {failure}")
 
