@@ -79,9 +79,10 @@ async def bench_scrape(app: app_mod.AppContext, n: int) -> dict[str, float]:
     for _ in range(n):
         t0 = time.thread_time()
         origins(app)
+        counts = app.metrics.snapshot()
         state = list(StateCollector(app).collect())
         t1 = time.thread_time()
-        body = render(app.metrics.registry, state, [])
+        body = render(app.metrics.registry, counts, state, [])
         rendered.append(time.thread_time() - t1)
         on_loop.append(t1 - t0)
         sizes.append(len(body))

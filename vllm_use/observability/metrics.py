@@ -18,14 +18,17 @@ in one process (the tests' `start_app`) keep their counts apart.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, disable_created_metrics
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from vllm_use.downloads.tasks import FINISHED
 from vllm_use.observability.collector import StateCollector
@@ -48,6 +51,9 @@ def status_class(status: int) -> str:
     """The `status` label: "2xx" … "5xx", and "499" for a client that left before the end (the
     audit's 499), which is neither the client's error nor the server's."""
     return "499" if status == 499 else f"{status // 100}xx"
+
+
+_STATUS_CLASSES = {status: status_class(status) for status in range(100, 600)}
 
 
 class Traffic:
@@ -74,44 +80,41 @@ class Traffic:
         return ended / WINDOW_S
 
 
+class _Series:
+    """The hot counters of one (route, deployment): requests by status class, and the two
+    histograms as plain counts per bucket (the last one: past every bound, +Inf) with their sums."""
+
+    __slots__ = ("duration", "duration_sum", "first_byte", "first_byte_sum", "statuses")
+
+    def __init__(self) -> None:
+        self.statuses: dict[str, int] = {}
+        self.duration = [0] * (len(DURATION_BUCKETS) + 1)
+        self.duration_sum = 0.0
+        self.first_byte = [0] * (len(FIRST_BYTE_BUCKETS) + 1)
+        self.first_byte_sum = 0.0
+
+
+def _histogram(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts as the exposition's cumulative `le` buckets."""
+    cumulative, total = [], 0
+    for bound, n in zip((*bounds, math.inf), counts, strict=True):
+        total += n
+        cumulative.append((floatToGoString(bound), total))
+    return cumulative
+
+
 class Metrics:
-    """The event counters and the traffic ring. `app.metrics`, built by the composition root."""
+    """The event counters and the traffic ring. `app.metrics`, built by the composition root.
+
+    The gateway's hook counts in plain Python (`_Series`): prometheus_client's `Counter.inc` and
+    `Histogram.observe` take a lock and walk the buckets, and seven of them per request cost more
+    than the rest of the accounting together (docs/performance.md). A scrape copies the counts on
+    the IOLoop (`snapshot`) and turns the copy into prometheus_client's metric families in the
+    executor (`families`); prometheus_client still writes the exposition."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.requests = Counter(
-            "vllm_use_requests",
-            "/v1 requests ended, by route, deployment and status class",
-            ("route", "deployment", "status"),
-            registry=r,
-        )
-        self.duration = Histogram(
-            "vllm_use_request_duration_seconds",
-            "/v1 request duration, from its headers to its last byte",
-            ("route", "deployment"),
-            buckets=DURATION_BUCKETS,
-            registry=r,
-        )
-        self.first_byte = Histogram(
-            "vllm_use_time_to_first_byte_seconds",
-            "/v1 time from the request's headers to the response's first byte from the upstream",
-            ("route", "deployment"),
-            buckets=FIRST_BYTE_BUCKETS,
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "vllm_use_prompt_tokens",
-            "prompt tokens of /v1 responses that reported usage",
-            ("deployment",),
-            registry=r,
-        )
-        self.completion_tokens = Counter(
-            "vllm_use_completion_tokens",
-            "completion tokens of /v1 responses that reported usage",
-            ("deployment",),
-            registry=r,
-        )
         self.vllm_scrape_errors = Counter(
             "vllm_use_vllm_scrape_errors",
             "fetches of a vLLM instance's /metrics that failed or timed out during a scrape",
@@ -126,10 +129,8 @@ class Metrics:
         )
         ProcessCollector(registry=r)  # CPU, memory, open files of this process (read in `render`)
         self.traffic = Traffic()
-        # (route, deployment, status class) → its labelled children: `labels()` costs a lock, a
-        # tuple and a dict lookup; this is one dict lookup.
-        self._children: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
-        self._tokens: dict[str, tuple[Any, Any]] = {}
+        self._series: dict[tuple[str, str], _Series] = {}  # (route, deployment or "")
+        self._tokens: dict[str, list[int]] = {}  # deployment or "" → [prompt, completion]
         self._download_seen: dict[str, int] = {}  # running task id → bytes counted so far
 
     # --- the gateway's hook (the hot path) ------------------------------------------------------
@@ -144,34 +145,37 @@ class Metrics:
         prompt_tokens: int | None,
         completion_tokens: int | None,
     ) -> None:
-        """One /v1 request ended (GatewaySurface.on_finish): a few increments, no lookup by labels.
-        `first_byte_s` is None when no upstream byte went out (an answer of ours); tokens are
-        counted only when the response reported them."""
+        """One /v1 request ended (GatewaySurface.on_finish): a dict lookup, a bisection per
+        histogram and a few integer additions. `first_byte_s` is None when no upstream byte went out
+        (an answer of ours); tokens are counted only when the response reported them."""
         name = deployment or ""
-        key = (route, name, status_class(status))
-        children = self._children.get(key)
-        if children is None:
-            children = self._children[key] = (
-                self.requests.labels(*key),
-                self.duration.labels(route, name),
-                self.first_byte.labels(route, name),
-            )
-        children[0].inc()
-        children[1].observe(duration_s)
+        series = self._series.get((route, name))
+        if series is None:
+            series = self._series[(route, name)] = _Series()
+        statuses = series.statuses
+        label = _STATUS_CLASSES.get(status) or status_class(status)
+        statuses[label] = statuses.get(label, 0) + 1
+        series.duration[bisect_left(DURATION_BUCKETS, duration_s)] += 1
+        series.duration_sum += duration_s
         if first_byte_s is not None:
-            children[2].observe(first_byte_s)
-        if isinstance(prompt_tokens, int) or isinstance(completion_tokens, int):
+            series.first_byte[bisect_left(FIRST_BYTE_BUCKETS, first_byte_s)] += 1
+            series.first_byte_sum += first_byte_s
+        if prompt_tokens is not None or completion_tokens is not None:
             tokens = self._tokens.get(name)
             if tokens is None:
-                tokens = self._tokens[name] = (
-                    self.prompt_tokens.labels(name),
-                    self.completion_tokens.labels(name),
-                )
-            if isinstance(prompt_tokens, int):
-                tokens[0].inc(prompt_tokens)
-            if isinstance(completion_tokens, int):
-                tokens[1].inc(completion_tokens)
+                tokens = self._tokens[name] = [0, 0]
+            tokens[0] += prompt_tokens or 0
+            tokens[1] += completion_tokens or 0
         self.traffic.add(time.monotonic())
+
+    def snapshot(self) -> Counts:
+        """A copy of the hook's counts (on the IOLoop: no count moves while it is taken; about a
+        microsecond per series). `families` turns it into metric families, anywhere."""
+        series = [
+            (route, name, dict(s.statuses), s.duration[:], s.duration_sum, s.first_byte[:], s.first_byte_sum)
+            for (route, name), s in self._series.items()
+        ]
+        return Counts(series, [(name, *tokens) for name, tokens in self._tokens.items()])
 
     # --- downloads (DownloadManager.subscribe) --------------------------------------------------
 
@@ -207,9 +211,54 @@ class Metrics:
         each bounded), the state read now on the IOLoop, then everything written out in the
         executor, so the loop pays for the reads only (tools/bench_metrics.py)."""
         vllm = await scrape_instances(app, self.vllm_scrape_errors)
+        counts = self.snapshot()
         state = list(StateCollector(app).collect())
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, render, self.registry, state, vllm)
+        return await loop.run_in_executor(None, render, self.registry, counts, state, vllm)
+
+
+class Counts(NamedTuple):
+    """`Metrics.snapshot`: per (route, deployment) the requests by status class and the two
+    histograms' bucket counts and sums; per deployment the prompt and completion tokens."""
+
+    series: list[tuple[str, str, dict[str, int], list[int], float, list[int], float]]
+    tokens: list[tuple[str, int, int]]
+
+
+def families(counts: Counts) -> list[Metric]:
+    """The hook's counts as prometheus_client's metric families. Runs in the executor (`render`)."""
+    requests = CounterMetricFamily(
+        "vllm_use_requests",
+        "/v1 requests ended, by route, deployment and status class",
+        labels=("route", "deployment", "status"),
+    )
+    duration = HistogramMetricFamily(
+        "vllm_use_request_duration_seconds",
+        "/v1 request duration, from its headers to its last byte",
+        labels=("route", "deployment"),
+    )
+    first_byte = HistogramMetricFamily(
+        "vllm_use_time_to_first_byte_seconds",
+        "/v1 time from the request's headers to the response's first byte from the upstream",
+        labels=("route", "deployment"),
+    )
+    for route, name, statuses, durations, duration_sum, first_bytes, first_byte_sum in sorted(counts.series):
+        for label, n in sorted(statuses.items()):
+            requests.add_metric((route, name, label), n)
+        duration.add_metric((route, name), _histogram(DURATION_BUCKETS, durations), duration_sum)
+        first_byte.add_metric((route, name), _histogram(FIRST_BYTE_BUCKETS, first_bytes), first_byte_sum)
+    prompt = CounterMetricFamily(
+        "vllm_use_prompt_tokens", "prompt tokens of /v1 responses that reported usage", labels=("deployment",)
+    )
+    completion = CounterMetricFamily(
+        "vllm_use_completion_tokens",
+        "completion tokens of /v1 responses that reported usage",
+        labels=("deployment",),
+    )
+    for name, p, c in sorted(counts.tokens):
+        prompt.add_metric((name,), p)
+        completion.add_metric((name,), c)
+    return [requests, duration, first_byte, prompt, completion]
 
 
 class _Families(Collector):
@@ -225,6 +274,7 @@ class _Families(Collector):
             yield from families
 
 
-def render(registry: CollectorRegistry, *built: Iterable[Metric]) -> bytes:
-    """The Prometheus text format (0.0.4) of the registry and the built families. Runs in the executor."""
-    return generate_latest(_Families(registry, *built))
+def render(registry: CollectorRegistry, counts: Counts, *built: Iterable[Metric]) -> bytes:
+    """The Prometheus text format (0.0.4) of the registry, the hook's counts and the built families.
+    Runs in the executor."""
+    return generate_latest(_Families(registry, families(counts), *built))
