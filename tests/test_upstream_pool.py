@@ -556,6 +556,30 @@ def test_the_dechunker_gives_the_same_payload_whatever_the_split() -> None:
         assert out == payload and decoder.done
 
 
+def test_the_dechunkers_fast_path_reads_many_chunks_as_the_general_loop_does() -> None:
+    """Whole chunks read at once take the fast path (`_whole_chunks`): leading zeros, both cases
+    of hex, an extension in the middle (the general loop's) and the last chunk with a trailer give
+    the payload they give fed a byte at a time."""
+    events = [f"data: {{'n': {i}}}\n\n".encode() * (1 + i % 3) for i in range(64)]
+    sizes = ["%x", "%X", "%04x", "%x;ext=1"]
+    encoded = b"".join(
+        (sizes[i % 4] % len(event)).encode() + b"\r\n" + event + b"\r\n" for i, event in enumerate(events)
+    )
+    encoded += b"0\r\nX-Trailer: yes\r\n\r\n"
+    whole = _Dechunker()
+    assert whole.feed(encoded) == b"".join(events) and whole.done
+    one_by_one = _Dechunker()
+    assert b"".join(one_by_one.feed(encoded[i : i + 1]) for i in range(len(encoded))) == b"".join(events)
+    assert one_by_one.done
+
+
+@pytest.mark.parametrize("line", [b"+5", b" 5", b"0x5", b"5_0", b"-5", b"5 "])
+def test_a_size_line_that_int_would_read_but_http_does_not_allow_is_refused(line: bytes) -> None:
+    """`int(…, 16)` reads these; a chunk size is hex digits only (RFC 9112), so they are errors."""
+    with pytest.raises(UpstreamProtocolError, match="bad chunk size line"):
+        _Dechunker().feed(b"3\r\nabc\r\n" + line + b"\r\nhello\r\n0\r\n\r\n")
+
+
 def test_the_dechunker_refuses_an_endless_size_line_and_bytes_after_the_end() -> None:
     with pytest.raises(UpstreamProtocolError, match="too long"):
         _Dechunker().feed(b"1" * 2000)

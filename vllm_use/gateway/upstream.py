@@ -55,6 +55,7 @@ HIGH_WATER = 256 * 1024  # bytes read ahead of the caller before the socket is l
 IDLE_TIMEOUT_S = 4.0  # below uvicorn's 5 s keep-alive (vLLM's), so the upstream rarely closes one first
 _NO_BODY = frozenset({204, 304})
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\r\n]*)?\r\n")
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 Key = tuple[str, str, int]  # scheme, host, port
 
@@ -62,8 +63,10 @@ Key = tuple[str, str, int]  # scheme, host, port
 class _Dechunker:
     """Incremental `Transfer-Encoding: chunked` decoder: feed bytes, get payload, until `done`.
 
-    An SSE stream is many small chunks per socket read; each whole chunk costs one regex match
-    and one slice here (the fast path), and only chunks split across reads go through the state.
+    An SSE stream is many small chunks per socket read: the whole chunks at the start of what
+    was read cost a `find`, a `translate`, an `int` and a slice each (`_whole_chunks`); the rest
+    (a chunk split across reads, an extension, the last chunk and trailers) goes through the
+    general loop, one regex match per size line.
     """
 
     __slots__ = ("_buffer", "_left", "_trailers", "done")
@@ -77,8 +80,8 @@ class _Dechunker:
     def feed(self, data: bytes) -> bytes:
         buffer = self._buffer + data if self._buffer else data
         out: list[bytes] = []
-        pos = 0
         end = len(buffer)
+        pos = _whole_chunks(buffer, out) if self._left < 0 and not self._trailers else 0
         match = _CHUNK_LINE.match
         while pos < end and not self.done:
             if self._trailers:  # trailer fields, ignored, up to the empty line
@@ -123,6 +126,31 @@ class _Dechunker:
         if self.done and self._buffer:
             raise UpstreamProtocolError("bytes after the end of a chunked body")
         return b"".join(out) if len(out) != 1 else out[0]
+
+
+def _whole_chunks(buffer: bytes, out: list[bytes]) -> int:
+    """The fast path of `_Dechunker.feed`: append the payload of each whole chunk at the start of
+    `buffer` (a size line of 1 to 16 hex digits, the payload, CRLF) to `out`; return where the first
+    other thing starts (a chunk not all here, a size line with an extension or not well-formed, the
+    last chunk), which the general loop then reads. About twice as fast per chunk as a regex match
+    (a `find`, a `translate` and an `int`): an SSE stream is mostly such chunks."""
+    pos = 0
+    find = buffer.find
+    append = out.append
+    while True:
+        newline = find(b"\r\n", pos, pos + 18)
+        if newline <= pos:
+            return pos
+        line = buffer[pos:newline]
+        if line.translate(None, _HEX_DIGITS):  # something else than hex digits: not ours to judge
+            return pos
+        size = int(line, 16)
+        start = newline + 2
+        stop = start + size
+        if not size or buffer[stop : stop + 2] != b"\r\n":
+            return pos
+        append(buffer[start:stop])
+        pos = stop + 2
 
 
 def _parse_head(data: bytes) -> tuple[str, int, str, list[tuple[str, str]]]:

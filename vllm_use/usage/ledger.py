@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import time
 
+DAY_MS = 86_400_000
+_last_day: tuple[int, str] = (-1, "")  # (days since the epoch, its date): the one asked last
+
 
 def utc_day(at_ms: int) -> str:
-    """The UTC date of a unix-ms time, YYYY-MM-DD: the rollups' `day`."""
-    return time.strftime("%Y-%m-%d", time.gmtime(at_ms / 1000))
+    """The UTC date of a unix-ms time, YYYY-MM-DD: the rollups' `day`. Each ended /v1 request asks
+    twice (audit rollup, ledger): the last day's text is kept, so that costs a division, not a
+    `gmtime` and a `strftime`. (UTC days are all 86,400 s long: unix time has no leap seconds.)"""
+    global _last_day
+    number, last = at_ms // DAY_MS, _last_day  # read once: any thread may call this
+    if last[0] != number:
+        last = _last_day = (number, time.strftime("%Y-%m-%d", time.gmtime(number * 86_400)))
+    return last[1]
 
 
 class UsageLedger:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from json.encoder import encode_basestring
 from typing import Any
 
 from vllm_use.errors import InvalidArguments
@@ -79,13 +80,17 @@ def _start(data: bytes, at: int) -> int:
     return before + 2 if before >= 0 else 0
 
 
-def _data(event: bytes) -> str:
+def _data_bytes(event: bytes) -> bytes:
     """The data of one SSE event (vLLM's events have one `data:` line)."""
     at = event.find(b"data:")
     if at < 0:
-        return ""
+        return b""
     end = event.find(b"\n", at)
-    return event[at + 5 : end if end >= 0 else len(event)].decode("utf-8", "replace")
+    return event[at + 5 : end if end >= 0 else len(event)]
+
+
+def _data(event: bytes) -> str:
+    return _data_bytes(event).decode("utf-8", "replace")
 
 
 class Tap:
@@ -248,7 +253,7 @@ class StrippingTap(Tap):
         before, event, after = self._held[:start], self._held[start:stop], self._held[stop:]
         self._held = None
         try:
-            found = json.loads(_data(event))
+            found = json.loads(_data_bytes(event))  # bytes: json reads UTF-8 without a decode first
         except (ValueError, RecursionError):
             found = None
         if isinstance(found, dict):
@@ -268,7 +273,7 @@ class StrippingTap(Tap):
 def _fingerprinted(events: bytes, fingerprint: str) -> bytes:
     """`events` (whole SSE events) with `"system_fingerprint":…` appended to each terminal chunk's
     JSON, where vLLM puts it when usage is not asked for (the chunk's last field)."""
-    tail = b',"system_fingerprint":' + json.dumps(fingerprint, ensure_ascii=False).encode() + b"}"
+    tail = b',"system_fingerprint":' + encode_basestring(fingerprint).encode() + b"}"  # as json.dumps
     parts = events.split(_BOUNDARY)
     for n, part in enumerate(parts):
         if _FINISHED in part and part.endswith(b"}") and _FINGERPRINT not in part:
