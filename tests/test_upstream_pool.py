@@ -571,6 +571,10 @@ def test_the_dechunkers_fast_path_reads_many_chunks_as_the_general_loop_does() -
     one_by_one = _Dechunker()
     assert b"".join(one_by_one.feed(encoded[i : i + 1]) for i in range(len(encoded))) == b"".join(events)
     assert one_by_one.done
+    for split in range(0, len(encoded), 5):  # a run of whole chunks, then one cut anywhere
+        decoder = _Dechunker()
+        assert decoder.feed(encoded[:split]) + decoder.feed(encoded[split:]) == b"".join(events)
+        assert decoder.done
 
 
 @pytest.mark.parametrize("line", [b"+5", b" 5", b"0x5", b"5_0", b"-5", b"5 "])

@@ -64,7 +64,7 @@ class _Dechunker:
     """Incremental `Transfer-Encoding: chunked` decoder: feed bytes, get payload, until `done`.
 
     An SSE stream is many small chunks per socket read: the whole chunks at the start of what
-    was read cost a `find`, a `translate`, an `int` and a slice each (`_whole_chunks`); the rest
+    was read take a fast path (`_whole_chunks`); the rest
     (a chunk split across reads, an extension, the last chunk and trailers) goes through the
     general loop, one regex match per size line.
     """
@@ -130,27 +130,26 @@ class _Dechunker:
 
 def _whole_chunks(buffer: bytes, out: list[bytes]) -> int:
     """The fast path of `_Dechunker.feed`: append the payload of each whole chunk at the start of
-    `buffer` (a size line of 1 to 16 hex digits, the payload, CRLF) to `out`; return where the first
-    other thing starts (a chunk not all here, a size line with an extension or not well-formed, the
-    last chunk), which the general loop then reads. About twice as fast per chunk as a regex match
-    (a `find`, a `translate` and an `int`): an SSE stream is mostly such chunks."""
-    pos = 0
-    find = buffer.find
+    `buffer` (a size line of hex digits, CRLF, the payload, CRLF) to `out`; return where the first
+    other thing starts (a chunk not all here, a payload holding a CRLF, a size line with an
+    extension or not well-formed, the last chunk), which the general loop then reads.
+
+    `buffer` is cut at every CRLF once: an SSE event holds none (its lines end in LF, and JSON
+    escapes a CR), so the pieces alternate size line and payload, and each chunk costs a
+    `translate`, an `int` and a comparison, about 0.55 µs (a regex match per size line: 1.25)."""
+    pieces = buffer.split(b"\r\n")
     append = out.append
-    while True:
-        newline = find(b"\r\n", pos, pos + 18)
-        if newline <= pos:
-            return pos
-        line = buffer[pos:newline]
-        if line.translate(None, _HEX_DIGITS):  # something else than hex digits: not ours to judge
-            return pos
+    pos = 0
+    for i in range(0, len(pieces) - 2, 2):  # a payload piece with a CRLF after it
+        line, payload = pieces[i], pieces[i + 1]
+        if not line or len(line) > 16 or line.translate(None, _HEX_DIGITS):
+            return pos  # not ours to judge: the general loop reads it, or refuses it
         size = int(line, 16)
-        start = newline + 2
-        stop = start + size
-        if not size or buffer[stop : stop + 2] != b"\r\n":
-            return pos
-        append(buffer[start:stop])
-        pos = stop + 2
+        if size != len(payload) or not size:
+            return pos  # the last chunk, or a payload not all here or holding a CRLF
+        append(payload)
+        pos += len(line) + size + 4
+    return pos
 
 
 def _parse_head(data: bytes) -> tuple[str, int, str, list[tuple[str, str]]]:
