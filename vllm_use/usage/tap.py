@@ -80,17 +80,14 @@ def _start(data: bytes, at: int) -> int:
     return before + 2 if before >= 0 else 0
 
 
-def _data_bytes(event: bytes) -> bytes:
-    """The data of one SSE event (vLLM's events have one `data:` line)."""
+def _data(event: bytes) -> str:
+    """The data of one SSE event (vLLM's events have one `data:` line). A str: `json.loads` of
+    bytes first guesses their encoding in Python."""
     at = event.find(b"data:")
     if at < 0:
-        return b""
+        return ""
     end = event.find(b"\n", at)
-    return event[at + 5 : end if end >= 0 else len(event)]
-
-
-def _data(event: bytes) -> str:
-    return _data_bytes(event).decode("utf-8", "replace")
+    return event[at + 5 : end if end >= 0 else len(event)].decode("utf-8", "replace")
 
 
 class Tap:
@@ -253,7 +250,7 @@ class StrippingTap(Tap):
         before, event, after = self._held[:start], self._held[start:stop], self._held[stop:]
         self._held = None
         try:
-            found = json.loads(_data_bytes(event))  # bytes: json reads UTF-8 without a decode first
+            found = json.loads(_data(event))
         except (ValueError, RecursionError):
             found = None
         if isinstance(found, dict):
