@@ -25,11 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
-
-from limits import RateLimitItemPerMinute
-from limits.storage import MemoryStorage
-from limits.strategies import MovingWindowRateLimiter
+from typing import TYPE_CHECKING, Any
 
 from vllm_use.errors import ModelNotFound, RateLimited
 from vllm_use.scopes import KeyPolicy
@@ -43,12 +39,26 @@ DAY_S = 86_400
 CONCURRENCY_RETRY_S = 1  # when a running request ends is not known: try again soon
 
 
-class _PerMinute(RateLimitItemPerMinute):
-    """`rpm` per minute, stored under the key id alone: `limits` puts the amount in the storage key,
-    which would start a fresh window whenever the limit is edited."""
+class _Windows:
+    """`limits`' moving windows: its MemoryStorage, a MovingWindowRateLimiter on it, and the
+    limit item. Built on the first key with `rpm`: importing `limits` costs every start ~40 ms,
+    and most servers never need it."""
 
-    def key_for(self, *identifiers: bytes | str | int | float) -> str:
-        return window_key(str(identifiers[0]))
+    def __init__(self) -> None:
+        from limits import RateLimitItemPerMinute
+        from limits.storage import MemoryStorage
+        from limits.strategies import MovingWindowRateLimiter
+
+        class PerMinute(RateLimitItemPerMinute):
+            """`rpm` per minute, stored under the key id alone: `limits` puts the amount in the
+            storage key, which would start a fresh window whenever the limit is edited."""
+
+            def key_for(self, *identifiers: bytes | str | int | float) -> str:
+                return window_key(str(identifiers[0]))
+
+        self.storage: Any = MemoryStorage()
+        self.limiter: Any = MovingWindowRateLimiter(self.storage)
+        self.per_minute: Any = PerMinute
 
 
 def window_key(key_id: str) -> str:
@@ -73,11 +83,16 @@ class KeyLimits:
     def __init__(self, usage: UsageLedger, instances: Instances) -> None:
         self._usage = usage
         self._instances = instances
-        self._storage = MemoryStorage()
-        self._window = MovingWindowRateLimiter(self._storage)
+        self._windows_built: _Windows | None = None
         self._in_flight: dict[str, int] = {}
         self._newest: dict[str, float] = {}  # key id → when its newest counted request came
         self.refusals: dict[str, int] = {"rpm": 0, "concurrency": 0, "tokens": 0}
+
+    @property
+    def _windows(self) -> _Windows:
+        if self._windows_built is None:
+            self._windows_built = _Windows()
+        return self._windows_built
 
     # --- the model list ------------------------------------------------------------------------
 
@@ -128,8 +143,9 @@ class KeyLimits:
                 CONCURRENCY_RETRY_S,
             )
         if policy.rpm is not None:
-            if not self._window.hit(_PerMinute(policy.rpm), key_id):
-                oldest, _ = self._storage.get_moving_window(window_key(key_id), policy.rpm, WINDOW_S)
+            windows = self._windows
+            if not windows.limiter.hit(windows.per_minute(policy.rpm), key_id):
+                oldest, _ = windows.storage.get_moving_window(window_key(key_id), policy.rpm, WINDOW_S)
                 self._refuse(
                     key_id,
                     policy,
@@ -156,7 +172,8 @@ class KeyLimits:
 
     def forget_key(self, key_id: str) -> None:
         """The key was deleted: drop its window (its requests in flight release nothing more)."""
-        self._storage.clear(window_key(key_id))
+        if self._windows_built is not None:
+            self._windows_built.storage.clear(window_key(key_id))
         self._newest.pop(key_id, None)
         self._in_flight.pop(key_id, None)
 
@@ -189,7 +206,7 @@ class KeyLimits:
         headers: list[tuple[str, str]] = []
         if policy.rpm is not None:
             if rpm_left is None:
-                _, used = self._storage.get_moving_window(window_key(key_id), policy.rpm, WINDOW_S)
+                _, used = self._windows.storage.get_moving_window(window_key(key_id), policy.rpm, WINDOW_S)
                 rpm_left = max(0, policy.rpm - used)
             newest = self._newest.get(key_id)
             reset = 0 if newest is None else math.ceil(newest + WINDOW_S - now)
