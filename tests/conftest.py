@@ -216,10 +216,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @functools.cache
 def _on_the_real_vllm(path: str) -> bool:
-    """A test module that starts the real vLLM asks for the `real_vllm` fixture
+    """A test module that starts the real vLLM asks for the `real_vllm` or `shared_vllm` fixture
     (tests/support/real_vllm.py) by a parameter of that name, in a test or a fixture."""
     tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
-    return any(isinstance(node, ast.arg) and node.arg == "real_vllm" for node in ast.walk(tree))
+    return any(
+        isinstance(node, ast.arg) and node.arg in ("real_vllm", "shared_vllm") for node in ast.walk(tree)
+    )
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -22,7 +22,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.support.browser import new_page
-from tests.support.real_vllm import RealVllm, VllmServer, serve_vllm
+from tests.support.real_vllm import SHARED_KEY, SharedVllm, VllmServer
 from tests.support.stack import Stack, console_stack
 from tests.test_chat import (
     ASSISTANT,
@@ -38,20 +38,18 @@ from tests.test_chat_tools import ask, choose_tools
 
 
 @pytest.fixture(scope="module")
-def vllm(
-    tmp_path_factory: pytest.TempPathFactory, real_vllm: RealVllm, tiny_models: tuple[Path, Path]
-) -> Iterator[VllmServer]:
-    tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-    with serve_vllm(
-        real_vllm, tiny_models[0], tmp_path_factory.mktemp("chat-vllm"), extra_args=tools
-    ) as served:
-        yield served
+def vllm(shared_vllm: SharedVllm) -> VllmServer:
+    return shared_vllm.get()
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, vllm: VllmServer) -> Iterator[Stack]:
-    flags = ("--upstream", vllm.base_url, "--tools", "get_datetime")
-    with console_stack(tmp_path_factory.mktemp("chat-real"), *flags) as running:
+    root = tmp_path_factory.mktemp("chat-real")
+    key = root / "upstream-key"  # the shared vLLM checks a key (SHARED_ARGS)
+    key.write_text(SHARED_KEY)
+    key.chmod(0o600)
+    flags = ("--upstream", vllm.base_url, "--upstream-api-key-file", str(key), "--tools", "get_datetime")
+    with console_stack(root, *flags) as running:
         yield running
 
 

@@ -3,8 +3,9 @@
 tests/fakes/upstream.py (the gateway tests' upstream) and tests/fakes/vllm.py (the supervisor tests'
 `vllm`) both serve the shapes of tests/fakes/shapes.py. A fake is only as good as its last comparison
 with the real thing; this is that comparison. The real CPU vLLM serves the tiny model, started once
-for the module, directly (tests/support/real_vllm.py), with `--api-key` (a vLLM started without a key
-checks none) and `--max-model-len 2048` (the engine-death test needs a long generation to stop in).
+for the run, directly (tests/support/real_vllm.py), with `--api-key` (a vLLM started without a key
+checks none) and `--max-model-len 2048` (the engine-death test needs a long generation to stop in):
+the one real vLLM test_chat_real uses too (`shared_vllm`), started again after that test ends it.
 
 Compared: status codes; error bodies exactly (they hold no generated text); bodies and SSE events by
 shape: keys in order and the types of their values, the values of `object`/`type`/`role`/`owned_by`,
@@ -35,13 +36,20 @@ import pytest
 
 from tests.fakes import FAKE_VLLM
 from tests.fakes.upstream import FakeUpstream
-from tests.support.real_vllm import RealVllm, VllmServer, group_members, run_cache, serve_vllm
+from tests.support.real_vllm import (
+    SHARED_KEY,
+    SHARED_MAX_MODEL_LEN,
+    SharedVllm,
+    VllmServer,
+    group_members,
+    run_cache,
+)
 from tests.support.server import Server, eventually, free_port, start_server
 from vllm_use.gateway.upstream import IDLE_TIMEOUT_S
 
-KEY = "fakes-match-key-0123456789abcdef"
+KEY = SHARED_KEY
 AUTH = {"Authorization": f"Bearer {KEY}"}
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = SHARED_MAX_MODEL_LEN
 POOL_IDLE_S = IDLE_TIMEOUT_S
 VALUES = {"object", "type", "role", "owned_by"}  # named kinds, not generated text: compared as values
 # Greedy: the real model's output is then the same every run (its first tokens are no end of text).
@@ -53,7 +61,6 @@ CHAT = {
 PROMPT = {"model": "tiny", "prompt": "one two three four five", "temperature": 0}
 RESPONSE = {"model": "tiny", "input": "one two three four five", "temperature": 0}
 MESSAGE = {**CHAT, "max_tokens": 3}
-TOOL_PARSER = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 TOOL = {
     "type": "function",
     "function": {
@@ -74,17 +81,11 @@ STREAMS = {
 
 
 @pytest.fixture(scope="module")
-def real(
-    real_vllm: RealVllm, tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VllmServer]:
-    # The tool parser the chat's deployments use (docs/chat.md, Tools): it streams the forced call.
-    extra = ("--api-key", KEY, "--max-model-len", str(MAX_MODEL_LEN), *TOOL_PARSER)
-    with serve_vllm(
-        real_vllm, tiny_models[0], tmp_path_factory.mktemp("real-vllm"), extra_args=extra
-    ) as server:
-        pgid = server.pgid
-        yield server
-    assert group_members(pgid) == [], "vLLM processes outlived stop()"
+def real(shared_vllm: SharedVllm) -> VllmServer:
+    """The shared real vLLM (tests/support/real_vllm.py), started again if a test ended it. Its
+    tool parser is the one the chat's deployments use (docs/chat.md, Tools): it streams the forced
+    call."""
+    return shared_vllm.get()
 
 
 def test_the_real_vllm_runs_as_one_process_group_and_answers(real: VllmServer) -> None:

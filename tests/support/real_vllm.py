@@ -330,6 +330,61 @@ def serve_vllm(
         shutil.rmtree(short_tmp, ignore_errors=True)
 
 
+# The one real vLLM the modules that only talk to it share (`shared_vllm`): with a key, room for a
+# long generation, and the tool parser the chat's deployments use (docs/chat.md, Tools).
+SHARED_KEY = "shared-vllm-key-0123456789abcdef"
+SHARED_MAX_MODEL_LEN = 2048
+SHARED_ARGS = (
+    "--api-key",
+    SHARED_KEY,
+    "--max-model-len",
+    str(SHARED_MAX_MODEL_LEN),
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+)
+
+
+class SharedVllm:
+    """One `vllm serve` of the first tiny model (SHARED_ARGS) for test_chat_real and
+    test_fakes_match_vllm: each start costs 20–60 s of two busy cores, and these modules only send
+    it requests. `get()` returns it running, and starts it again when it is gone: the engine-death
+    test of test_fakes_match_vllm ends it on purpose. Stopped at the end of the session, and every
+    process of each one checked gone."""
+
+    def __init__(self, vllm: RealVllm, model: Path, scratch: Path) -> None:
+        self._vllm, self._model, self._scratch = vllm, model, scratch
+        self._stack = contextlib.ExitStack()
+        self._server: VllmServer | None = None
+
+    def get(self) -> VllmServer:
+        if self._server is not None and self._server.proc.poll() is None:
+            return self._server
+        self.close()
+        self._stack = contextlib.ExitStack()
+        self._server = self._stack.enter_context(
+            serve_vllm(self._vllm, self._model, self._scratch, extra_args=SHARED_ARGS)
+        )
+        return self._server
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        self._stack.close()  # stops it (serve_vllm)
+        if server is not None:
+            assert group_members(server.pgid) == [], "vLLM processes outlived stop()"
+
+
+@pytest.fixture(scope="session", name="shared_vllm")
+def fixture_shared_vllm(
+    tmp_path_factory: pytest.TempPathFactory, tiny_models: tuple[Path, Path]
+) -> Iterator[SharedVllm]:
+    shared = SharedVllm(require_vllm_install(), tiny_models[0], tmp_path_factory.mktemp("shared-vllm"))
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
 @contextlib.contextmanager
 def serving_real_vllm(
     root: Path, real_vllm: RealVllm, models: dict[str, Path], *flags: str
