@@ -15,14 +15,14 @@ import pytest
 from tests.fakes.upstream import FakeUpstream, running
 from tests.support.server import Server, start_server
 from vllm_use.errors import InvalidArguments
-from vllm_use.gateway.aliases import MAX_DEPTH, WINDOW, prepare_body
+from vllm_use.gateway.aliases import MAX_DEPTH, WINDOW, prepare
 
 ALIASES = {"fast": "tiny", "big": "llama-3-70b"}
 
 
 def test_big_integers_and_long_decimals_keep_their_exact_text() -> None:
     body = b'{"seed": 12345678901234567890123, "model": "fast", "temperature": 0.1000000000000000055511151231257827}'
-    out, sent = prepare_body(body, ALIASES)[:2]
+    out, sent = prepare(body, ALIASES)[:2]
     assert out == body.replace(b'"fast"', b'"tiny"')
     assert sent == "fast"
 
@@ -32,7 +32,7 @@ def test_spacing_key_order_and_other_values_are_kept() -> None:
         b' {\r\n\t"z" :1 ,\n  "model"\t:\t  "big"   ,"a":[ 1,2 , {"b" : null}],"t":true,"f":false,'
         b'"e":-1.5E+10 }\n'
     )
-    out, sent = prepare_body(body, ALIASES)[:2]
+    out, sent = prepare(body, ALIASES)[:2]
     assert out == body.replace(b'"big"', b'"llama-3-70b"')
     assert sent == "big"
 
@@ -42,40 +42,40 @@ def test_escapes_elsewhere_are_kept_byte_for_byte() -> None:
         b'{"s":"a\\"b\\\\c\\/d\\u00e9\\ud83d\\ude00 \xc3\xa9","model":"fast",'
         b'"nested":{"q":"}]\\"{["},"l":["\\u0022model\\u0022"]}'
     )
-    out, sent = prepare_body(body, ALIASES)[:2]
+    out, sent = prepare(body, ALIASES)[:2]
     assert out == body.replace(b'"model":"fast"', b'"model":"tiny"')
     assert sent == "fast"
 
 
 def test_an_escaped_key_or_value_is_read_as_a_json_parser_reads_it() -> None:
     # "mod\u0065l" is the key "model" and "f\u0061st" the value "fast" for the upstream's parser.
-    out, sent = prepare_body(b'{"mod\\u0065l": "f\\u0061st"}', ALIASES)[:2]
+    out, sent = prepare(b'{"mod\\u0065l": "f\\u0061st"}', ALIASES)[:2]
     assert out == b'{"mod\\u0065l": "tiny"}'
     assert sent == "fast"
 
 
 def test_nested_model_keys_are_untouched() -> None:
     body = b'{"messages":[{"role":"user","model":"fast"}],"metadata":{"model":"fast"},"model":"fast"}'
-    out, _ = prepare_body(body, ALIASES)[:2]
+    out, _ = prepare(body, ALIASES)[:2]
     assert out == b'{"messages":[{"role":"user","model":"fast"}],"metadata":{"model":"fast"},"model":"tiny"}'
 
 
 def test_a_model_that_is_not_a_string_is_left_alone() -> None:
     for body in (b'{"model":{"model":"fast"}}', b'{"model":["fast"]}', b'{"model":5}', b'{"model":null}'):
-        assert prepare_body(body, ALIASES)[:2] == (body, None)
+        assert prepare(body, ALIASES)[:2] == (body, None)
 
 
 def test_duplicate_model_keys_are_each_rewritten_and_the_last_is_what_was_sent() -> None:
-    out, sent = prepare_body(b'{"model":"other","model":"fast"}', ALIASES)[:2]
+    out, sent = prepare(b'{"model":"other","model":"fast"}', ALIASES)[:2]
     assert (out, sent) == (b'{"model":"other","model":"tiny"}', "fast")
-    out, sent = prepare_body(b'{"model":"fast", "x":1, "model":"other"}', ALIASES)[:2]
+    out, sent = prepare(b'{"model":"fast", "x":1, "model":"other"}', ALIASES)[:2]
     assert (out, sent) == (b'{"model":"tiny", "x":1, "model":"other"}', "other")
 
 
 def test_a_model_without_an_alias_is_unchanged_and_reported() -> None:
     body = '{"model": "模型-7b", "prompt": "hi"}'.encode()
-    assert prepare_body(body, ALIASES)[:2] == (body, "模型-7b")
-    assert prepare_body(b'{"model":"fast"}', {})[:2] == (b'{"model":"fast"}', "fast")
+    assert prepare(body, ALIASES)[:2] == (body, "模型-7b")
+    assert prepare(b'{"model":"fast"}', {})[:2] == (b'{"model":"fast"}', "fast")
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_a_model_without_an_alias_is_unchanged_and_reported() -> None:
     ],
 )
 def test_a_body_that_is_not_a_json_object_is_returned_unchanged(body: bytes) -> None:
-    assert prepare_body(body, ALIASES)[:2] == (body, None)
+    assert prepare(body, ALIASES)[:2] == (body, None)
 
 
 def _random_value(rng: random.Random, depth: int) -> Any:
@@ -141,7 +141,7 @@ def test_the_scan_reads_model_and_stream_as_json_loads_does_on_random_documents(
         text = _spaced(json.dumps(dict(items), ensure_ascii=rng.random() < 0.5), rng)
         body = text.encode()
         parsed = json.loads(body)
-        out, sent, stream = prepare_body(body, ALIASES)
+        out, sent, stream = prepare(body, ALIASES)[:3]
         model = parsed.get("model")
         assert sent == (model if isinstance(model, str) else None), text
         assert stream == bool(parsed.get("stream")), text
@@ -155,7 +155,7 @@ def test_strings_crossing_the_scan_window_are_read_whole() -> None:
     # Long strings (escapes near the window edge included) are taken by scanstring, not the expression.
     filler = "x" * (WINDOW - 7) + '\\"]}{[' + "y" * WINDOW
     body = json.dumps({"messages": [{"content": filler}, [filler, {"k": filler}]], "model": "fast"}).encode()
-    out, sent, _ = prepare_body(body, ALIASES)
+    out, sent, _ = prepare(body, ALIASES)[:3]
     assert sent == "fast" and out == body.replace(b'"model": "fast"', b'"model": "tiny"')
 
 
@@ -164,7 +164,7 @@ def test_nesting_is_refused_past_the_depth_limit_whatever_the_top_level_value() 
         inner = levels - 1
         return b'{"model":"fast","x":' + b"[" * inner + b"]" * inner + b"}"
 
-    assert prepare_body(nested(MAX_DEPTH), ALIASES)[1] == "fast"
+    assert prepare(nested(MAX_DEPTH), ALIASES)[1] == "fast"
     for body in (
         nested(MAX_DEPTH + 1),
         b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1),
@@ -173,8 +173,8 @@ def test_nesting_is_refused_past_the_depth_limit_whatever_the_top_level_value() 
         b"[" * 100_000,  # not even well-formed: the depth is what is refused first
     ):
         with pytest.raises(InvalidArguments, match=f"deeper than {MAX_DEPTH} levels"):
-            prepare_body(body, ALIASES)
-    assert prepare_body(b"[" * MAX_DEPTH + b"]" * MAX_DEPTH, ALIASES) == (
+            prepare(body, ALIASES)
+    assert prepare(b"[" * MAX_DEPTH + b"]" * MAX_DEPTH, ALIASES)[:3] == (
         b"[" * MAX_DEPTH + b"]" * MAX_DEPTH,
         None,
         False,
@@ -196,7 +196,7 @@ def test_nesting_is_refused_past_the_depth_limit_whatever_the_top_level_value() 
     ],
 )
 def test_a_malformed_body_is_passed_through_unchanged(body: bytes) -> None:
-    assert prepare_body(body, ALIASES) == (body, None, False)
+    assert prepare(body, ALIASES)[:3] == (body, None, False)
 
 
 def python_lines(fn: Any, *args: Any) -> tuple[Any, int]:
@@ -223,10 +223,10 @@ def test_rewriting_a_16_mib_prompt_does_not_walk_its_bytes_in_python() -> None:
     # seconds: the scan may turn once per WINDOW characters, never per byte.
     size = 16 * 1024 * 1024
     body = b'{"model":"fast","messages":[{"role":"user","content":"' + b"x" * (size - 64) + b'"}]}'
-    (out, sent, *_), lines = python_lines(prepare_body, body, ALIASES)
+    (out, sent, *_), lines = python_lines(prepare, body, ALIASES)
     assert sent == "fast" and out[:20] == b'{"model":"tiny","mes'
     small = body[:60] + b'"}]}'
-    _, baseline = python_lines(prepare_body, small, ALIASES)
+    _, baseline = python_lines(prepare, small, ALIASES)
     windows = size // WINDOW
     assert lines - baseline <= 10 * windows, f"{lines} Python lines for {size} bytes ({baseline} for 64)"
 

@@ -263,12 +263,6 @@ def _usage_edit(text: str, found: Scanned) -> tuple[Usage, tuple[int, int, str] 
     return "added", (start, end, added)
 
 
-def prepare_body(body: bytes, aliases: dict[str, str]) -> tuple[bytes, str | None, bool]:
-    """(the body with aliased `model` values replaced, the model as the client sent it, the body's
-    `"stream"` flag): `prepare` without the usage option."""
-    return prepare(body, aliases)[:3]
-
-
 async def prepare_async(body: bytes, aliases: dict[str, str], *, add_usage: bool = False) -> Prepared:
     """`prepare`, on the IOLoop up to INLINE_LIMIT bytes, else in the default executor."""
     if len(body) <= INLINE_LIMIT:
