@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -304,6 +305,31 @@ def test_tokens_per_day_admits_while_the_days_tokens_are_below_the_limit(gw: Cli
         midnight = 86_400 - int(time.time()) % 86_400
         assert abs(int(refused.headers["retry-after"]) - midnight) <= 2
         assert abs(seconds_of(refused.headers["x-ratelimit-reset-tokens"]) - midnight) <= 2
+
+
+def test_the_days_tokens_survive_a_restart(tmp_path: Path, upstream: FakeUpstream) -> None:
+    """Today's tokens per key start again from the day's rollups when vllm-use starts (the ledger's
+    seed: docs/observability.md, "Token accounting"): a restart does not give a key a fresh day."""
+    data, flags = tmp_path / "data", ("--upstream", upstream.url)
+    srv = start_server(data, *flags)
+    try:
+        _, probe = new_key(srv)
+        usage = chat(srv, probe).json()["usage"]
+        cost = usage["prompt_tokens"] + usage["completion_tokens"]
+        _, secret = new_key(srv, tokens_per_day=3 * cost)
+        before = [chat(srv, secret) for _ in range(2)]
+        assert [r.status_code for r in before] == [200, 200]
+        assert [r.headers["x-ratelimit-remaining-tokens"] for r in before] == [str(3 * cost), str(2 * cost)]
+    finally:
+        srv.stop()  # SIGTERM: the audit's last batch and its rollups are written on the way out
+    srv = start_server(data, *flags)
+    try:
+        after = [chat(srv, secret) for _ in range(2)]
+        assert [r.status_code for r in after] == [200, 429]
+        assert [r.headers["x-ratelimit-remaining-tokens"] for r in after] == [str(cost), "0"]
+        assert after[1].json()["error"]["type"] == "tokens"
+    finally:
+        srv.stop()
 
 
 # --- expiry ---------------------------------------------------------------------------------------
