@@ -4,7 +4,7 @@ Chromium (docs/observability.md, "The Usage page"; docs/console.md).
 One real server with the fake upstream (tests/fakes/upstream.py, whose answers carry `usage` as
 vLLM's do); real /v1 requests with two keys, alice (3) and bob (1), and a third key, carol, that
 sends none. What a user would notice: the charts hold those counts (read from the uPlot instance
-each chart keeps on its element, not from pixels), the key filter narrows them, both themes draw
+each chart keeps on its element, not from pixels), the key and deployment filters narrow them, both themes draw
 (screenshots `usage-light.png`, `usage-dark.png`), an empty range says so; a key's limits and
 today's use on the API keys page, an edit that a reload shows, a refused value named under its
 field with nothing changed; the overview's request rate after requests.
@@ -276,3 +276,52 @@ def test_the_create_form_gives_a_new_key_its_limits(watched: Watched, server: Se
     )
     stored = next(k for k in server.fetch("/api/keys").json()["keys"] if k["name"] == "nightly")
     assert (stored["tokens_per_day"], stored["models"], stored["rpm"]) == (1000, ["tiny", "other"], None)
+
+
+def shows_today(page: Page, chart: str, values: list[float]) -> bool:
+    """Whether `chart` is drawn (not being replaced) with `values` on its last day."""
+    data = chart_data(page, chart)
+    return data is not None and [column[-1] for column in data[1:]] == values
+
+
+def test_the_deployment_filter_narrows_the_charts_to_one_deployment(
+    watched: Watched, server: Server, used: dict[str, Any]
+) -> None:
+    """This server runs with `--upstream`, so its requests named no deployment; a day of dana's on a
+    deployment `llama` is written into the rollups as the gateway of a router would have. The filter
+    lists both, each narrows the charts to its own rows, and the choice is kept in the address."""
+    dana, _ = server.create_key("inference", name="dana")
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    with sqlite3.connect(server.data_dir / "vllm-use.db") as db:
+        db.execute(
+            "INSERT INTO usage_daily (day, key_id, deployment, requests, prompt_tokens, completion_tokens)"
+            " VALUES (?, ?, 'llama', 5, 100, 50)",
+            (today, dana),
+        )
+    page = watched.page
+    all_requests = server.fetch("/api/usage").json()["totals"]["requests"]
+    sign_in(watched, server.admin_token or "", "/usage")
+    settled(page)
+    picker = page.get_by_label("Deployment", exact=True)
+    expect(picker.locator("option")).to_have_count(3)
+    assert sorted(picker.locator("option").all_inner_texts()) == [
+        "(no deployment)",
+        "All deployments",
+        "llama",
+    ]
+    assert today_values(page, "requests") == [all_requests]
+
+    picker.select_option(label="llama")
+    expect(page).to_have_url(re.compile(r"deployment=llama"))
+    eventually(
+        lambda: shows_today(page, "requests", [5]) and shows_today(page, "tokens", [100, 50]), timeout=5
+    )
+    rows = page.locator(".usage-keys-table tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first.locator("td")).to_have_text(["dana", "5", "100", "50"])
+
+    picker.select_option(label="(no deployment)")
+    eventually(lambda: shows_today(page, "requests", [all_requests - 5]), timeout=5)
+    expect(page).to_have_url(re.compile(r"deployment=(&|$)"))
+    expect(page.locator(".usage-keys-table tbody tr", has_text="dana")).to_have_count(0)
+    expect(rows.first).to_be_visible()
