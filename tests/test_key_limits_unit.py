@@ -78,6 +78,29 @@ def test_refusals_are_counted_by_limit_and_a_deleted_key_leaves_no_state(instanc
     assert limits.in_flight(key) == 0
 
 
+def test_retry_after_is_never_too_early_when_the_rpm_was_lowered_below_a_full_window(
+    instances: Instances, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three requests at t=0, 30 and 40 s under rpm=3, then the limit lowered to 2: a place frees
+    when the one of t=30 leaves (t=90), not the oldest (t=60, where a retry would be refused again).
+    `limits` tells only the oldest, so the answer is the newest's leaving, t=100: late, never early."""
+    clock = [1_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])  # limits' storage and KeyLimits read it
+    limits = KeyLimits(UsageLedger(), instances)
+    key = "r" * 24
+    for at in (0, 30, 40):
+        clock[0] = 1_000_000.0 + at
+        limits.admit(key, KeyPolicy(rpm=3), None)
+        limits.release(key)
+    clock[0] = 1_000_000.0 + 41
+    with pytest.raises(RateLimited) as caught:
+        limits.admit(key, KeyPolicy(rpm=2), None)
+    assert 90 - 41 <= caught.value.retry_after_s <= 100 - 41
+    with pytest.raises(RateLimited) as full:  # a window exactly full: its oldest leaving is exact
+        limits.admit(key, KeyPolicy(rpm=3), None)
+    assert full.value.retry_after_s == 60 - 41
+
+
 def test_model_names_resolve_through_aliases_either_way_round(instances: Instances) -> None:
     limits = KeyLimits(UsageLedger(), instances)
     by_name, by_alias = frozenset({"llama"}), frozenset({"lm"})

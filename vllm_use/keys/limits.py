@@ -145,14 +145,18 @@ class KeyLimits:
         if policy.rpm is not None:
             windows = self._windows
             if not windows.limiter.hit(windows.per_minute(policy.rpm), key_id):
-                oldest, _ = windows.storage.get_moving_window(window_key(key_id), policy.rpm, WINDOW_S)
+                oldest, used = windows.storage.get_moving_window(window_key(key_id), policy.rpm, WINDOW_S)
+                # A full window frees a place when its oldest request leaves it. One fuller than the
+                # limit (the limit was lowered since) needs more to leave, and `limits` tells only
+                # the oldest: the newest leaving is a bound that is never too early.
+                leaves = oldest if used <= policy.rpm else self._newest.get(key_id, now)
                 self._refuse(
                     key_id,
                     policy,
                     now,
                     "rpm",
                     f"this key may send {policy.rpm} requests per minute; try again shortly",
-                    math.ceil(oldest + WINDOW_S - now),
+                    math.ceil(leaves + WINDOW_S - now),
                     rpm_left=0,
                 )
             self._newest[key_id] = now
