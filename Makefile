@@ -124,9 +124,12 @@ format: .venv
 docs: .venv
 	$(BIN)/python tools/gen_api_docs.py
 
+# bench_gateway twice: the table and its targets, then the before/after of issue 16 judged on the
+# mean of 8 fresh starts (one run's ratio moves a few per cent: docs/performance.md).
 bench: .venv
 	$(BIN)/python tools/bench_auth.py
-	$(BIN)/python tools/bench_gateway.py
+	$(BIN)/python tools/bench_gateway.py --baseline ''
+	$(BIN)/python tools/bench_gateway.py --compare-only --runs 8 --rounds 8
 	$(BIN)/python tools/bench_metrics.py
 
 clean:
