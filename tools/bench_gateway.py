@@ -10,12 +10,19 @@ Not a test: it prints numbers, compared against targets, for docs/performance.md
 - a real `vllm-use serve` child (tests.conftest.start_server) with `--upstream` pointing at it,
   `--model-aliases fast=tiny` and one `inference` key (verified once before timing);
 
+- the references of issue 18, on a fake upstream of their own: Debian's nginx (`proxy_buffering off`,
+  keep-alive upstream, an access log, one worker) when installed (`make bench` installs it), and a
+  bare Tornado relay (Tornado's simple client, a chunk written and flushed as it comes, nothing else);
+
 and measures, at concurrency 1 and 32, streaming and not, against the upstream called directly, the
-gateway (alias + key), and the gateway with `X-Conversation-Id` (the resumable stream buffer):
+gateway (alias + key), the gateway with `X-Conversation-Id` (the resumable stream buffer) and the
+references (`--no-references` leaves them out):
 requests/s, chunks/s, TTFB and total latency p50/p99, CPU time per request of the gateway and of
 the upstream (utime+stime from /proc/<pid>/stat), and the sockets in TIME-WAIT to or from the
-upstream's port (/proc/net/tcp{,6}). Finally the p99 of `GET /healthz` (a separate process, one
-keep-alive connection) alone and while 32 streams run through the gateway.
+upstream's port (/proc/net/tcp{,6}). Then the p99 of `GET /healthz` (a separate process, one
+keep-alive connection) alone and while 32 streams run through the gateway. Finally issue 18's
+targets, each a ratio to a row of the same run: CPU per stream against nginx's, streaming throughput
+against the direct one, the added TTFB, CPU per small request against the bare relay's.
 
 Clients are asyncio streams on keep-alive connections, one per concurrent slot: lighter than an
 HTTP library, but on 2 cores the client still competes with the gateway and the upstream for CPU.
@@ -35,9 +42,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing
 import os
 import pstats
+import shutil
 import socket
 import statistics
 import subprocess
@@ -159,6 +168,116 @@ def start_upstream() -> tuple[subprocess.Popen[bytes], int]:
             time.sleep(0.05)
 
 
+# --- the references (issue 18): nginx and a bare Tornado relay, each on its own fake upstream ------
+
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+    access_log {dir}/access.log;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream fast {{
+        server 127.0.0.1:{upstream};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://fast;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def serve_bare_relay(port: int, upstream_port: int) -> None:
+    """The bare Tornado relay issue 18 calibrated against: POST /v1/* relayed with Tornado's simple
+    client (a connection per request), each chunk written and flushed as it comes; no key, no
+    audit, no accounting. What a relay costs in Python with nothing of ours in it."""
+    import tornado.httpclient
+    import tornado.httpserver
+    import tornado.ioloop
+    import tornado.web
+
+    client = tornado.httpclient.AsyncHTTPClient(max_clients=64)
+    origin = f"http://127.0.0.1:{upstream_port}"
+
+    class Relay(tornado.web.RequestHandler):
+        async def post(self) -> None:
+            def header(line: str) -> None:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-type":
+                    self.set_header("Content-Type", value.strip())
+
+            def chunk(data: bytes) -> None:
+                self.write(data)
+                self.flush()
+
+            await client.fetch(
+                origin + self.request.path,
+                method="POST",
+                body=self.request.body,
+                headers={"Content-Type": "application/json"},
+                header_callback=header,
+                streaming_callback=chunk,
+                request_timeout=60,
+            )
+
+    tornado.httpserver.HTTPServer(tornado.web.Application([(r"/v1/.*", Relay)])).listen(port, "127.0.0.1")
+    tornado.ioloop.IOLoop.current().start()
+
+
+def wait_port(proc: subprocess.Popen[bytes], port: int, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{what} did not start") from None
+            time.sleep(0.05)
+
+
+def start_references(tmp: Path) -> tuple[list[Target], list[subprocess.Popen[bytes]]]:
+    """A fake upstream of their own (their connections stay out of the gateway's TIME-WAIT count),
+    nginx in front of it when Debian's nginx is installed, and the bare relay."""
+    procs: list[subprocess.Popen[bytes]] = []
+    upstream, upstream_port = start_upstream()
+    procs.append(upstream)
+    targets: list[Target] = []
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if nginx is None:
+        print("nginx is not installed (Debian's nginx-light: `make bench` installs it): no nginx row")
+    else:
+        where = tmp / "nginx"
+        where.mkdir()
+        port = free_port()
+        (where / "nginx.conf").write_text(NGINX_CONF.format(dir=where, upstream=upstream_port, port=port))
+        proc = subprocess.Popen(
+            [nginx, "-p", str(where), "-c", str(where / "nginx.conf"), "-e", str(where / "error.log")]
+        )
+        procs.append(proc)
+        wait_port(proc, port, "nginx")
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        targets.append(Target("nginx", port, "tiny", pid=proc.pid, extra_pids=tuple(map(int, children))))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-bare-relay", f"{port}:{upstream_port}"])
+    procs.append(proc)
+    wait_port(proc, port, "the bare relay")
+    targets.append(Target("bare tornado relay", port, "tiny", pid=proc.pid))
+    return targets, procs
+
+
 # --- /proc readers -----------------------------------------------------------------------------
 
 
@@ -166,6 +285,10 @@ def cpu_ms(pid: int) -> float:
     """utime + stime of `pid` in ms (clock-tick resolution, 10 ms)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * TICK_MS
+
+
+def cpu_of(pids: tuple[int, ...]) -> float:
+    return sum(cpu_ms(pid) for pid in pids)
 
 
 # The local ports of the benchmark's own connections to the upstream (the "upstream direct" rows),
@@ -222,6 +345,7 @@ class Target:
     tokens: tuple[str, ...] = ()  # connection i sends tokens[i % len]: a key has at most 8 live streams
     conversation: bool = False
     pid: int = 0  # the gateway's process (0: the upstream, called directly)
+    extra_pids: tuple[int, ...] = ()  # more processes whose CPU counts with pid's (nginx's worker)
     seq: list[int] = field(default_factory=lambda: [0])
 
     def request(self, stream: bool, slot: int = 0) -> bytes:
@@ -442,6 +566,7 @@ async def run(
     gw_port: int,
     secrets: tuple[str, ...],
     others: list[Target],
+    references: list[Target],
 ) -> tuple[float, float] | None:
     targets = [
         Target("upstream direct", upstream_port, "tiny"),
@@ -449,6 +574,7 @@ async def run(
         Target("gateway + conv-id", gw_port, "fast", secrets, conversation=True, pid=server_pid),
     ]
     targets += others
+    targets += references
     baseline = next((other for other in others if other.name.startswith("gateway @")), None)
     if opts.compare_only and baseline is not None:
         compared = await before_after(opts, targets[1], baseline, upstream_pid)
@@ -467,10 +593,10 @@ async def run(
                 opened0 = accepted(upstream_port)
                 await load(target, stream, concurrency, warmup)  # not counted
                 gw_requests += (warmup + requests) * (target.port == gw_port)
-                gw_pid = target.pid or server_pid
-                gw0, up0 = cpu_ms(gw_pid), cpu_ms(upstream_pid)
+                gw_pids = (target.pid or server_pid, *target.extra_pids)
+                gw0, up0 = cpu_of(gw_pids), cpu_ms(upstream_pid)
                 samples, wall = await load(target, stream, concurrency, requests)
-                gw_cpu = (cpu_ms(gw_pid) - gw0) / requests
+                gw_cpu = (cpu_of(gw_pids) - gw0) / requests
                 up_cpu = (cpu_ms(upstream_pid) - up0) / requests
                 tw = time_wait(upstream_port)
                 opened = accepted(upstream_port) - opened0 - 1  # less the counter's own request
@@ -547,12 +673,12 @@ async def run(
     print(
         f"   {'healthz p99 alone / 32 streams':<34} {'':<18} {pct(idle, 99):6.2f} / {pct(loaded, 99):.2f} ms"
         f"  {mark(pct(loaded, 99), HEALTHZ_P99_TARGET_MS)}  (n={len(idle)}/{len(loaded)},"
-        f" max {max(loaded):.1f} ms)"
+        f" max {max(loaded, default=math.nan):.1f} ms)"
     )
     if pinned:
         print(
             f"   {'healthz p99, 32 streams, pinned':<34} {'gateway on CPU 0':<18} {pct(pinned, 99):6.2f} ms"
-            f"  {mark(pct(pinned, 99), HEALTHZ_P99_TARGET_MS)}  (n={len(pinned)}, max {max(pinned):.1f} ms;"
+            f"  {mark(pct(pinned, 99), HEALTHZ_P99_TARGET_MS)}  (n={len(pinned)}, max {max(pinned, default=math.nan):.1f} ms;"
             " client and upstream on the other CPUs)"
         )
     print(
@@ -562,10 +688,45 @@ async def run(
         f"\n   {'upstream connections opened by the gateway':<53} {gw_opened:6d}"
         f"  in the measured gateway rows ({gw_requests - opts.healthz_streams} requests with their warm-ups)"
     )
+    if references:
+        report_references(rows, [ref.name for ref in references], pinned)
     if compared is not None:
         print()
         report_before_after(opts, *compared)
     return compared
+
+
+def report_references(
+    rows: dict[tuple[str, bool, int], dict[str, float]], names: list[str], pinned: list[float]
+) -> None:
+    """Issue 18's targets, each a ratio to a reference measured in this run (docs/performance.md)."""
+    gw = "gateway"
+    print()
+    print("Issue 18's targets (ratios to the references of this run):")
+
+    def line(label: str, value: float, verdict: bool, target: str) -> None:
+        print(f"   {label:<50} {value:7.2f}  {'PASS' if verdict else 'MISS'} ({target})")
+
+    if "nginx" in names:
+        ratio = rows[(gw, True, 32)]["gw_cpu"] / rows[("nginx", True, 32)]["gw_cpu"]
+        line("CPU per 64-chunk stream, c=32: gateway / nginx", ratio, ratio <= 1.5, "≤ 1.5×")
+    ratio = rows[(gw, True, 32)]["cps"] / rows[("upstream direct", True, 32)]["cps"]
+    line("streaming throughput, c=32: gateway / direct", ratio, ratio >= 0.7, "≥ 0.7×")
+    if "nginx" in names:
+        ratio = rows[("nginx", True, 32)]["cps"] / rows[("upstream direct", True, 32)]["cps"]
+        print(f"   {'   (nginx / direct)':<50} {ratio:7.2f}")
+    added = rows[(gw, True, 1)]["ttfb50"] - rows[("upstream direct", True, 1)]["ttfb50"]
+    line("added TTFB p50, c=1, stream (ms)", added, added <= 0.5, "≤ 0.5 ms")
+    if "nginx" in names:
+        added = rows[("nginx", True, 1)]["ttfb50"] - rows[("upstream direct", True, 1)]["ttfb50"]
+        print(f"   {'   (nginx, ms)':<50} {added:7.2f}")
+    ratio = rows[(gw, False, 32)]["gw_cpu"] / rows[("bare tornado relay", False, 32)]["gw_cpu"]
+    line("CPU per small request, c=32: gateway / bare relay", ratio, ratio <= 0.5, "≤ 0.5×")
+    ratio = rows[(gw, True, 32)]["gw_cpu"] / rows[("bare tornado relay", True, 32)]["gw_cpu"]
+    print(f"   {'   (per stream: gateway / bare relay)':<50} {ratio:7.2f}")
+    if pinned:
+        p99 = pct(pinned, 99)
+        line("healthz p99 (ms), 32 streams, gateway pinned", p99, p99 <= HEALTHZ_P99_TARGET_MS, "≤ 5 ms")
 
 
 # `--deployments N`: the gateway's --vllm-bin is this launcher, which serves the same fast upstream
@@ -633,6 +794,7 @@ def one_run(
             env=env,
         )
         extra: list[Server] = []
+        extra_procs: list[subprocess.Popen[bytes]] = []
         try:
             # 8 keys over the 32 connections: 4 live resumable streams per key, within its 8.
             secrets = tuple(server.create_key("inference", name=f"bench-{i}")[1] for i in range(KEYS))
@@ -669,14 +831,21 @@ def one_run(
                 port = int(other.base_url.rsplit(":", 1)[1])
                 others.append(Target(name, port, "fast", keys, pid=other.proc.pid))
                 print(f"{name} {other.base_url} (pid {other.proc.pid})")
+            references: list[Target] = []
+            if opts.references and not opts.compare_only:
+                references, started = start_references(Path(tmp))
+                extra_procs.extend(started)
             print()
             return asyncio.run(
-                run(opts, server.proc.pid, upstream.pid, upstream_port, gw_port, secrets, others)
+                run(opts, server.proc.pid, upstream.pid, upstream_port, gw_port, secrets, others, references)
             )
         finally:
             server.stop()
             for other in extra:
                 other.stop()
+            for proc in extra_procs:
+                proc.terminate()
+                proc.wait(10)
             if opts.baseline:
                 subprocess.run(
                     ["git", "-C", str(REPO), "worktree", "remove", "--force", str(Path(tmp, "baseline"))],
@@ -692,6 +861,13 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-bare-relay", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-references",
+        dest="references",
+        action="store_false",
+        help="leave out the reference rows (nginx, the bare Tornado relay) and issue 18's targets",
+    )
     parser.add_argument("--c1", type=int, default=300, help="requests per row at concurrency 1")
     parser.add_argument("--c32", type=int, default=2000, help="requests per row at concurrency 32")
     parser.add_argument("--healthz-streams", type=int, default=1500, help="streams while healthz is probed")
@@ -729,6 +905,10 @@ def main() -> None:
     opts = parser.parse_args()
     if opts.serve_upstream:
         serve_upstream(opts.serve_upstream)
+        return
+    if opts.serve_bare_relay:
+        port, upstream_port = map(int, opts.serve_bare_relay.split(":"))
+        serve_bare_relay(port, upstream_port)
         return
 
     print(f"bench_gateway: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {CHUNKS}-chunk streams")
