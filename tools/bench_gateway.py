@@ -34,7 +34,7 @@ each, the ratio, and PASS/MISS against "within 5 %". `--baseline ''` skips it. A
 by a few per cent from one start of the servers to the next: `--compare-only --runs N` starts them
 N times (rounds only, no table) and judges the mean (docs/performance.md).
 
-Run: `.venv/bin/python tools/bench_gateway.py` (about a minute on 2 cores; 20 s with `--baseline ''`).
+Run: `.venv/bin/python tools/bench_gateway.py` (a minute or two on 2 cores; 45 s with `--baseline ''`).
 """
 
 from __future__ import annotations
