@@ -26,6 +26,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.simple_httpclient
 import tornado.web
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import fake_vllm_bin
@@ -36,7 +37,14 @@ from tests.support.deployments import add_deployment, instance, load, streaming
 from tests.support.prometheus import promtool_check, read_metrics, scraping, value
 from tests.support.server import Server, eventually, free_port, start_app, start_server
 from vllm_use.observability import vllm_scrape
-from vllm_use.observability.metrics import WINDOW_S, Traffic
+from vllm_use.observability.metrics import (
+    DURATION_BUCKETS,
+    FIRST_BYTE_BUCKETS,
+    WINDOW_S,
+    Metrics,
+    Traffic,
+    render,
+)
 
 UPSTREAM_KEY = "upstream-key-0123456789abcdef"
 CHAT = "/v1/chat/completions"
@@ -437,3 +445,40 @@ def test_the_grafana_dashboard_queries_only_metrics_vllm_use_exposes(served: dic
         "vllm_use_time_to_first_byte_seconds_bucket",
         "vllm_num_requests_running",
     } <= queried
+
+
+def test_the_hooks_histograms_have_the_buckets_prometheus_clients_own_would() -> None:
+    """The hook counts per bucket by hand (docs/performance.md): the exposition it gives equals
+    that of prometheus_client's own Histogram fed the same values, bounds themselves included (a
+    value on a bound is in that bound's `le` bucket), below the first bound and past the last."""
+    values = [0.0, *DURATION_BUCKETS, *FIRST_BYTE_BUCKETS, 0.0001, 0.07, 3.3, 601.0, 10_000.0]
+    metrics = Metrics()
+    registry = CollectorRegistry()
+    labels = ("route", "deployment")
+    reference = {
+        "vllm_use_request_duration_seconds": Histogram(
+            "vllm_use_request_duration_seconds", "", labels, buckets=DURATION_BUCKETS, registry=registry
+        ),
+        "vllm_use_time_to_first_byte_seconds": Histogram(
+            "vllm_use_time_to_first_byte_seconds", "", labels, buckets=FIRST_BYTE_BUCKETS, registry=registry
+        ),
+    }
+    for v in values:
+        metrics.request_ended("/v1/chat/completions", "llama", 200, v, v, None, None)
+        for histogram in reference.values():
+            histogram.labels("/v1/chat/completions", "llama").observe(v)
+
+    def samples(text: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+        return {
+            f.name: sorted(
+                (s.name, sorted(s.labels.items()), s.value)
+                for s in f.samples
+                if not s.name.endswith("_created")
+            )
+            for f in text_string_to_metric_families(text)
+            if f.name in reference
+        }
+
+    ours = samples(render(CollectorRegistry(), metrics.snapshot()).decode())
+    theirs = samples(generate_latest(registry).decode())
+    assert ours == theirs and len(ours) == 2

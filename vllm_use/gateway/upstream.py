@@ -64,9 +64,9 @@ class _Dechunker:
     """Incremental `Transfer-Encoding: chunked` decoder: feed bytes, get payload, until `done`.
 
     An SSE stream is many small chunks per socket read: the whole chunks at the start of what
-    was read take a fast path (`_whole_chunks`); the rest
-    (a chunk split across reads, an extension, the last chunk and trailers) goes through the
-    general loop, one regex match per size line.
+    was read take a fast path (`_whole_chunks`); the rest (a chunk split across reads, an
+    extension, the last chunk and trailers) goes through the general loop, one regex match per
+    size line.
     """
 
     __slots__ = ("_buffer", "_left", "_trailers", "done")
