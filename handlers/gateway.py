@@ -506,6 +506,10 @@ class RelayHandler(GatewaySurface):
         if not self._headers_sent:
             self._send_headers(upstream)
         self.write(chunk)
+        if upstream.complete:
+            # The upstream's whole answer is here: `finish` sends what is still buffered in one
+            # write, with a Content-Length when nothing was flushed yet (docs/gateway.md).
+            return True
         try:
             await self.flush()
         except StreamClosedError:

@@ -29,7 +29,7 @@ HTTP library, but on 2 cores the client still competes with the gateway and the 
 With `--baseline REV` (by default the commit before issue 16, `BASELINE`) the gateway of that revision
 runs beside ours on the same upstream (a temporary git worktree): its rows in the table, then both
 measured again in alternating rounds of streams at c=32 (`--rounds`, `--round-streams`), the two
-gateways on the first CPU and the client and upstream on the others, CPU per streamed request of
+gateways on the first CPU and the client and upstream on the others, CPU per streamed request (per small request with `--small`) of
 each, the ratio, and PASS/MISS against "within 5 %". `--baseline ''` skips it. A run's ratio moves
 by a few per cent from one start of the servers to the next: `--compare-only --runs N` starts them
 N times (rounds only, no table) and judges the mean (docs/performance.md).
@@ -494,32 +494,38 @@ async def _rounds(opts: argparse.Namespace, ours: Target, theirs: Target) -> tup
     for round_ in range(opts.rounds):
         spent = {}
         for target in (ours, theirs) if round_ % 2 == 0 else (theirs, ours):
-            await load(target, True, 32, 32)  # the round's connections, not counted
+            await load(target, not opts.small, 32, 32)  # the round's connections, not counted
             before = cpu_ms(target.pid)
-            await load(target, True, 32, opts.round_streams)
+            await load(target, not opts.small, 32, opts.round_streams)
             spent[target.name] = cpu_ms(target.pid) - before
             cpu[target.name] += spent[target.name]
         now, then = (spent[t.name] / opts.round_streams for t in (ours, theirs))
         print(
-            f"   before/after round {round_ + 1}: before {then:.3f} ms, now {now:.3f} ms per stream",
+            f"   before/after round {round_ + 1}: before {then:.3f} ms, now {now:.3f} ms per {unit(opts)}",
             flush=True,
         )
     streams = opts.rounds * opts.round_streams
     return cpu[ours.name] / streams, cpu[theirs.name] / streams
 
 
+def unit(opts: argparse.Namespace) -> str:
+    """What the alternating rounds measure: streams, or small requests with --small."""
+    return "small request" if opts.small else "stream"
+
+
 def report_before_after(opts: argparse.Namespace, ours_ms: float, theirs_ms: float) -> None:
     ratio = ours_ms / theirs_ms
     verdict = "PASS" if ratio <= 1 + BEFORE_AFTER_WITHIN else "MISS"
     streams = opts.rounds * opts.round_streams
+    what = "small non-streamed request" if opts.small else "64-chunk stream"
     print(
-        f"Before/after: CPU per 64-chunk stream, c=32, {opts.rounds} alternating rounds of "
-        f"{opts.round_streams} ({streams} streams each):"
+        f"Before/after: CPU per {what}, c=32, {opts.rounds} alternating rounds of "
+        f"{opts.round_streams} ({streams} {unit(opts)}s each):"
     )
     print(f"   {'gateway @' + opts.baseline + ' (before)':<34} {theirs_ms:6.3f} ms")
     print(f"   {'gateway (now)':<34} {ours_ms:6.3f} ms")
     print(
-        f"   {'now / before':<34} {ratio:6.3f}×  ({(ours_ms - theirs_ms) * 1000:+.0f} µs per stream)  "
+        f"   {'now / before':<34} {ratio:6.3f}×  ({(ours_ms - theirs_ms) * 1000:+.0f} µs per {unit(opts)})  "
         f"{verdict} (within {BEFORE_AFTER_WITHIN:.0%})"
     )
 
@@ -538,7 +544,7 @@ def report_runs(opts: argparse.Namespace, compared: list[tuple[float, float]]) -
         f"Before/after over {len(ratios)} runs (fresh servers each): " + ", ".join(f"{r:.3f}" for r in ratios)
     )
     print(
-        f"   {'now / before, mean ± sd':<34} {mean:6.3f}× ± {spread:.3f}  ({added:+.0f} µs per stream)  "
+        f"   {'now / before, mean ± sd':<34} {mean:6.3f}× ± {spread:.3f}  ({added:+.0f} µs per {unit(opts)})  "
         f"{verdict} (within {BEFORE_AFTER_WITHIN:.0%})"
     )
 
@@ -902,6 +908,11 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=6, help="--baseline: alternating rounds")
     parser.add_argument("--round-streams", type=int, default=1000, help="--baseline: streams per round")
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help="--baseline: the rounds send small non-streamed requests instead of streams",
+    )
     opts = parser.parse_args()
     if opts.serve_upstream:
         serve_upstream(opts.serve_upstream)

@@ -52,6 +52,9 @@ from vllm_use.errors import UpstreamError, UpstreamProtocolError
 MAX_HEAD = 64 * 1024  # status line + headers of one response
 MAX_CHUNK_LINE = 1024
 HIGH_WATER = 256 * 1024  # bytes read ahead of the caller before the socket is left unread
+# A request body up to this size leaves in the same send as the head (a copy is cheaper than a
+# second segment); a larger one is written after it as it is.
+ONE_WRITE_BODY = 64 * 1024
 IDLE_TIMEOUT_S = 4.0  # below uvicorn's 5 s keep-alive (vLLM's), so the upstream rarely closes one first
 _NO_BODY = frozenset({204, 304})
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\r\n]*)?\r\n")
@@ -341,9 +344,13 @@ class Exchange:
             if self._aborted:
                 conn.close()
                 raise UpstreamError("aborted")
-            conn.write(self._head)
-            if self._body:
-                conn.write(self._body)
+            body = self._body
+            if body and len(body) <= ONE_WRITE_BODY:
+                conn.write(self._head + body)  # one segment, one send
+            else:
+                conn.write(self._head)
+                if body:
+                    conn.write(body)
             try:
                 if await self._read_head(conn, reused):
                     return self
@@ -410,6 +417,11 @@ class Exchange:
         if self._done and data:
             self._reusable = False  # bytes after a body that has none
         return True
+
+    @property
+    def complete(self) -> bool:
+        """The whole body has been read (the last piece was handed out, or there was none)."""
+        return self._done and not self._rest
 
     def __aiter__(self) -> Exchange:
         return self
