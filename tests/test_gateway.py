@@ -444,6 +444,26 @@ def test_first_chunk_reaches_the_client_before_the_upstream_finishes(
     assert r.headers["x-accel-buffering"] == "no"
 
 
+def test_an_answer_read_whole_leaves_in_one_piece_and_a_trickling_stream_as_chunks(
+    gw: Server, key: tuple[str, str], upstream: FakeUpstream
+) -> None:
+    """What the upstream sent whole before the gateway wrote a byte goes out with a Content-Length
+    (one write); a stream whose words come apart is relayed chunk by chunk as they arrive."""
+    auth = [("Authorization", f"Bearer {key[1]}"), ("Content-Type", "application/json")]
+    body = json.dumps(CHAT).encode()
+    status, headers, answer = raw_request(gw, "POST", "/v1/chat/completions", auth, body)
+    assert status == 200, answer
+    assert headers["Content-Length"] == str(len(answer)) and "Transfer-Encoding" not in headers
+    assert json.loads(answer)["choices"][0]["message"]["content"] == upstream.reply
+
+    upstream.word_interval = 0.05
+    streamed = json.dumps({**json.loads(body), "stream": True}).encode()
+    status, headers, answer = raw_request(gw, "POST", "/v1/chat/completions", auth, streamed)
+    assert status == 200, answer
+    assert headers["Transfer-Encoding"] == "chunked" and "Content-Length" not in headers
+    assert answer.endswith(b"data: [DONE]\n\n") and upstream.reply.split()[-1].encode() in answer
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 def test_client_disconnect_closes_the_upstream_connection_promptly(
     gw: Server, key: tuple[str, str], upstream: FakeUpstream, path: str
