@@ -16,7 +16,7 @@ import pytest
 
 from tests.fakes.upstream import FakeUpstream, running
 from tests.support.server import ADMIN_TOKEN, start_server
-from vllm_use.jsonlog import JsonFormatter
+from vllm_use.jsonlog import TEXT_FORMAT, JsonFormatter, TextFormatter
 
 UPSTREAM_KEY = "upstream-key-json-0123456789abcdef"
 WRONG_SECRET = "vua_wrong-secret-never-logged-0123456789"
@@ -110,3 +110,20 @@ def test_a_traceback_stays_inside_its_one_line() -> None:
         parsed["exc_info"].startswith("Traceback")
         and "ValueError: the cause\nover two lines" in parsed["exc_info"]
     )
+
+
+def test_the_text_lines_are_what_logging_formatter_writes_with_the_time_made_once_a_second() -> None:
+    """TextFormatter keeps the date and time of the last second: its lines are the plain
+    `logging.Formatter`'s for the same records, across second boundaries and back in time."""
+    plain, ours = logging.Formatter(TEXT_FORMAT), TextFormatter()
+    for created in (
+        1764000000.0,
+        1764000000.9994,
+        1764000001.0005,
+        1764000001.5,
+        1763999999.25,
+        1764003600.0,
+    ):
+        record = logging.LogRecord("tornado.access", logging.INFO, __file__, 1, "200 POST %s", ("/v1",), None)
+        record.created, record.msecs = created, (created - int(created)) * 1000 // 1
+        assert ours.format(record) == plain.format(record)

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from vllm_use.errors import ConfigError
 from vllm_use.fields import has_control
-from vllm_use.jsonlog import JsonFormatter
+from vllm_use.jsonlog import TEXT_FORMAT, JsonFormatter, TextFormatter, lighten_records
 
 ENV_PREFIX = "VLLM_USE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -688,10 +688,7 @@ def start_warnings(config: Config) -> list[str]:
 
 def configure_logging(level: str, log_format: str = "text") -> None:
     """The root logger on stderr: `text` lines, or one JSON object per line (docs/observability.md)."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if log_format == "json":
-        for handler in logging.getLogger().handlers:
-            handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=getattr(logging, level.upper()), format=TEXT_FORMAT)
+    lighten_records()
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
