@@ -73,6 +73,7 @@ TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 # probes, JSON logs), whose CPU per streamed request the gateway must stay within 5 % of.
 BASELINE = "fb3aa77"
 BEFORE_AFTER_WITHIN = 0.05
+PACE_ENV = "BENCH_PACE_MS"  # --pace, passed to every fake upstream (the deployments' too)
 
 
 PROFILER = """
@@ -92,6 +93,9 @@ def serve_upstream(port: int) -> None:
     import tornado.ioloop
     import tornado.web
 
+    # --pace: a pause after each chunk, so that the relays read the chunks one by one, as they
+    # come from vLLM generating (a fast upstream's 64 chunks arrive in one or two reads).
+    pace = float(os.environ.get(PACE_ENV, "0")) / 1000
     small = json.dumps(
         {
             "id": "chatcmpl-bench",
@@ -128,6 +132,8 @@ def serve_upstream(port: int) -> None:
             for _ in range(CHUNKS):
                 self.write(chunk)
                 await self.flush()
+                if pace:
+                    await asyncio.sleep(pace)
             self.finish(end_usage if (body.get("stream_options") or {}).get("include_usage") else end_plain)
 
     accepted = [0]
@@ -909,6 +915,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="--baseline: alternating rounds")
     parser.add_argument("--round-streams", type=int, default=1000, help="--baseline: streams per round")
     parser.add_argument(
+        "--pace",
+        type=float,
+        default=0,
+        metavar="MS",
+        help="the fake upstreams pause MS ms after each chunk: the relays read chunk by chunk, as from "
+        "a generating vLLM (default 0: a stream's chunks arrive in one or two reads)",
+    )
+    parser.add_argument(
         "--small",
         action="store_true",
         help="--baseline: the rounds send small non-streamed requests instead of streams",
@@ -922,7 +936,11 @@ def main() -> None:
         serve_bare_relay(port, upstream_port)
         return
 
-    print(f"bench_gateway: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {CHUNKS}-chunk streams")
+    os.environ[PACE_ENV] = str(opts.pace)  # the fake upstreams read it
+    paced = f", the upstream pausing {opts.pace:g} ms after each chunk" if opts.pace else ""
+    print(
+        f"bench_gateway: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {CHUNKS}-chunk streams{paced}"
+    )
     upstream, upstream_port = start_upstream()
     compared: list[tuple[float, float]] = []
     try:
