@@ -99,6 +99,7 @@ BAD_VALUES = [
     pytest.param("--max-audit-records", "-1", id="audit-negative"),
     pytest.param("--trusted-origins", "notanorigin", id="origins-not-an-origin"),
     pytest.param("--admin-token", "short", id="admin-token-short"),
+    pytest.param("--loop", "trio", id="loop-unknown"),
 ]
 
 

@@ -140,3 +140,22 @@ def test_a_fact_that_cannot_be_read_is_null_not_a_guess(tmp_path: Path) -> None:
     assert (
         facts["data_dir_free_bytes"] == shutil.disk_usage(tmp_path).free or facts["data_dir_free_bytes"] > 0
     )
+
+
+def test_the_server_runs_on_uvloop_unless_asked_for_asyncios_loop_and_its_children_are_waited_on_both(
+    tmp_path: Path,
+) -> None:
+    """`--loop` (docs/performance.md): uvloop by default. uvloop keeps SIGCHLD for itself, so the
+    children are waited on without it (children.exited): the probes' exits are read on both loops."""
+    vllm = write_script(tmp_path / "vllm", 'echo "0.32.0+cpu"\n')
+    hf = write_script(tmp_path / "hf", "exit 3\n")
+    for flags, loop in (((), "uvloop"), (("--loop", "asyncio"), "asyncio")):
+        server = start_server(tmp_path / f"data-{loop}", "--vllm-bin", str(vllm), "--hf-bin", str(hf), *flags)
+        try:
+            body = server.fetch("/api/system").json()
+        finally:
+            server.stop()
+        assert body["event_loop"] == loop
+        tools = {t["name"]: t for t in body["tools"]}
+        assert tools["vllm"]["status"] == "available" and tools["vllm"]["version"] == "0.32.0+cpu"
+        assert tools["hf"]["status"] == "error" and "exit 3" in tools["hf"]["message"]

@@ -27,6 +27,7 @@ from vllm_use.jsonlog import TEXT_FORMAT, JsonFormatter, TextFormatter, lighten_
 ENV_PREFIX = "VLLM_USE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
+LOOPS = ("uvloop", "asyncio")
 _ALIAS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$")
 
 
@@ -392,6 +393,13 @@ class Config:
             "text, or json: one JSON object per line for journald and log shippers (docs/observability.md)",
             "text",
             _choice(LOG_FORMATS),
+        )
+    )
+    loop: str = field(
+        metadata=option(
+            "the event loop: uvloop (a C event loop, the default) or asyncio (Python's own; docs/performance.md)",
+            "uvloop",
+            _choice(LOOPS),
         )
     )
     metrics_public: bool = field(

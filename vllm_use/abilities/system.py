@@ -65,6 +65,7 @@ class Machine(BaseModel):
 
 class SystemInfo(Result):
     version: str
+    event_loop: Literal["uvloop", "asyncio"] = Field(description="the event loop the server runs on (--loop)")
     started_at: str
     uptime_s: float
     data_dir: str
@@ -179,6 +180,9 @@ async def system_info(call: Call, gpus: dict[str, Any] | None = None) -> dict[st
     )
     return {
         "version": __version__,
+        "event_loop": "uvloop"
+        if type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+        else "asyncio",
         "started_at": iso(int(app.started_at * 1000)),
         "uptime_s": round(time.monotonic() - app.started_monotonic, 3),
         "data_dir": str(config.data_dir),

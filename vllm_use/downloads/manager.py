@@ -355,9 +355,8 @@ class DownloadManager:
             message = exc.message if isinstance(exc, InvalidArguments) else f"cannot start hf: {exc}"
             await self._fail(task_id, record.model_id, error=message)
             return
-        # Tornado keeps one exit callback per child and never reports a reaped child twice:
-        # ask once, here, and let every waiter share this future.
-        running = Running(proc, target, asyncio.ensure_future(proc.wait_for_exit(raise_error=False)))
+        # The child is reaped once: ask once, here, and let every waiter share this future.
+        running = Running(proc, target, asyncio.ensure_future(children.exited(proc)))
         self._running[task_id] = running
         buffer = self._logs[task_id] = LogBuffer()
         progress = self._progress[task_id] = Progress(total=total)

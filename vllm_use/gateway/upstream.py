@@ -45,6 +45,7 @@ import ssl
 import time
 from collections.abc import Iterable
 from types import TracebackType
+from typing import cast
 from urllib.parse import urlsplit
 
 from vllm_use.errors import UpstreamError, UpstreamProtocolError
@@ -208,8 +209,9 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A TCP transport: asyncio's is an asyncio.Transport, uvloop's has the same methods
+        # without being a subclass (--loop, docs/performance.md).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self.idle_since >= 0:  # nobody asked: a broken upstream; never hand this one out

@@ -12,11 +12,13 @@ the allow-listed environment of `config.child_env()` (docs/security.md).
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import shutil
 import subprocess
 import sys
+import threading
 
 from tornado.iostream import PipeIOStream, StreamClosedError
 from tornado.process import Subprocess
@@ -77,6 +79,40 @@ async def drain(proc: Subprocess, buffer: LogBuffer) -> None:
             break
         buffer.feed(chunk)
     buffer.close()
+
+
+async def exited(proc: Subprocess) -> int:
+    """The child's exit status once it has ended (-N: killed by signal N), the child reaped.
+
+    Works on any asyncio loop: Tornado's `wait_for_exit` needs a SIGCHLD handler, which uvloop
+    keeps for itself (`--loop`, docs/architecture.md "Children"). On Linux a pidfd becomes
+    readable when the child ends; elsewhere a thread of its own waits. Call it once per child and
+    share the result (a second waiter after the reaping gets the status Popen kept). Cancelled, it
+    stops waiting without reaping: whoever cancels it must wait again once the child is killed.
+    """
+    popen = proc.proc
+    if popen.returncode is not None:
+        return popen.returncode
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+    try:
+        pidfd = os.pidfd_open(popen.pid)
+    except (AttributeError, OSError):  # no pidfd here (not Linux ≥ 5.3)
+
+        def wait() -> None:
+            popen.wait()
+            loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(None))
+
+        threading.Thread(target=wait, name=f"wait-{popen.pid}", daemon=True).start()
+        await ended
+        return popen.wait()
+    loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
+    try:
+        await ended
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    return popen.wait()  # it has ended: this reaps it at once
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -67,7 +67,7 @@ async def _run_version(name: str, path: str, args: tuple[str, ...]) -> dict[str,
     assert proc.stdout is not None
     try:
         output, code = await asyncio.wait_for(
-            asyncio.gather(proc.stdout.read_until_close(), proc.wait_for_exit(raise_error=False)),
+            asyncio.gather(proc.stdout.read_until_close(), children.exited(proc)),
             TIMEOUT_S,
         )
     except TimeoutError:
@@ -75,6 +75,7 @@ async def _run_version(name: str, path: str, args: tuple[str, ...]) -> dict[str,
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        await children.exited(proc)  # the wait above was cancelled: reap it now (SIGKILL ends it)
         return {**base, "status": "error", "version": None, "message": f"no answer within {TIMEOUT_S:.0f} s"}
     text = _ANSI.sub("", output.decode("utf-8", "replace"))
     if code != 0:

@@ -280,7 +280,7 @@ class Supervisor:
             model_path=model_path,
             scratch=Path(scratch),
             api_key=api_key,
-            exited=asyncio.ensure_future(proc.wait_for_exit(raise_error=False)),
+            exited=asyncio.ensure_future(children.exited(proc)),
             drained=loop.create_future(),
             settled=loop.create_future(),
         )
