@@ -129,7 +129,8 @@ class GatewaySurface(JsonHandler):
 
     def set_default_headers(self) -> None:
         super().set_default_headers()
-        self.set_header("X-Request-ID", getattr(self, "request_id", ""))
+        if hasattr(self, "request_id"):  # not yet in __init__: initialize sets it
+            self.set_header("X-Request-ID", self.request_id)
 
     # --- before the body: the size cap is JsonHandler's, with body_limit = 16 MiB -------------
 
@@ -486,8 +487,8 @@ class RelayHandler(GatewaySurface):
         for name, value in upstream.headers:
             if name.lower() not in RESPONSE_DROP and name.lower() != "x-request-id":
                 self.add_header(name, value)
-        self.set_header("Cache-Control", "no-store")
-        self.set_header("Pragma", "no-cache")
+        # Cache-Control: no-store and Pragma: no-cache are the defaults (JsonHandler), and the
+        # upstream's own are dropped (RESPONSE_DROP).
         self.set_header("X-Accel-Buffering", "no")
         for name, value in self._limit_headers:
             self.set_header(name, value)

@@ -107,8 +107,9 @@ def is_plain_path(path: str) -> bool:
     return all(segment not in ("", ".", "..") for segment in segments)
 
 
+def health_handlers() -> list[tuple[str, type, dict[str, Any]]]:
+    return [(r"/healthz", HealthHandler, {})]
+
+
 def default_handlers() -> list[tuple[str, type, dict[str, Any]]]:
-    return [
-        (r"/healthz", HealthHandler, {}),
-        (r"/(.*)", ConsoleHandler, {"path": str(static_dir())}),
-    ]
+    return [(r"/(.*)", ConsoleHandler, {"path": str(static_dir())})]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import re
 import ssl
 import time
@@ -192,6 +193,18 @@ def _request_head(
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+@functools.lru_cache(maxsize=256)
+def _split(url: str) -> tuple[Key, str, str]:
+    """(pool key, Host, request target) of an upstream URL; ValueError unless http(s) with a host.
+    Kept for the (short) URLs seen last: a gateway asks for the same few over and over."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"unsupported upstream URL {url!r}")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return (parts.scheme, parts.hostname, port), parts.netloc, target
+
+
 class _Connection(asyncio.Protocol):
     """One upstream connection: what arrives waits in `_chunks` until `read()` takes it."""
 
@@ -308,16 +321,9 @@ class Exchange:
         body: bytes | None,
         connect_timeout: float,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"unsupported upstream URL {url!r}")
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self._key: Key = (
-            parts.scheme,
-            parts.hostname,
-            parts.port or (443 if parts.scheme == "https" else 80),
-        )
-        self._head = _request_head(method, parts.netloc, target, headers, body)
+        # Long URLs (a client's query string) are split each time: the cache holds only short ones.
+        self._key, netloc, target = _split(url) if len(url) <= 512 else _split.__wrapped__(url)
+        self._head = _request_head(method, netloc, target, headers, body)
         self._body = body
         self._pool = pool
         self._connect_timeout = connect_timeout

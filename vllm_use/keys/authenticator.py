@@ -155,21 +155,24 @@ class Authenticator:
     async def authenticate(self, token: str) -> Identity:
         """Raise Unauthenticated unless `token` is the admin token or a valid, enabled key;
         `AuthBusy` when its first verification cannot be queued now."""
-        if constant_time.bytes_eq(hashlib.sha256(token.encode()).digest(), self._admin_digest):
+        digest = hashlib.sha256(token.encode()).digest()
+        if constant_time.bytes_eq(digest, self._admin_digest):
             return ADMIN_TOKEN_IDENTITY
         if len(token) != 51 or not material.SECRET_RE.fullmatch(token):
             raise Unauthenticated("unknown credential")
-        digest = material.cache_digest(token)
+        # An API key is ASCII (SECRET_RE): its digest is `material.cache_digest(token)`, the cache's key.
         hit = self._cache.get(digest)
         key_id = hit.identity.key_id if hit else None
         if hit and key_id and hit.epoch == self._epochs.get(key_id, 0):
+            now = now_ms()
             expires_at = hit.identity.expires_at
-            if expires_at is not None and expires_at <= now_ms():
+            if expires_at is not None and expires_at <= now:
                 del self._cache[digest]  # expired while cached: refused like a disabled key
                 raise Unauthenticated("unknown credential")
             if time.monotonic() - hit.checked_at < REVALIDATE_S:
                 self._cache.move_to_end(digest)
-                self._used[key_id] = max(self._used.get(key_id, 0), now_ms())
+                if self._used.get(key_id, 0) < now:
+                    self._used[key_id] = now
                 return hit.identity
             if await self._recheck(hit):
                 hit.checked_at = time.monotonic()
