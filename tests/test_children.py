@@ -11,7 +11,7 @@ import sys
 import threading
 
 import pytest
-from tornado.process import Subprocess
+import uvloop
 
 from vllm_use.processes import children
 
@@ -46,23 +46,43 @@ def test_a_failed_spawn_closes_its_pipe_exactly_once(argv: list[str], cwd: str) 
         assert set(os.listdir("/proc/self/fd")) == before  # and nothing leaked either
 
 
-def _run(argv: list[str]) -> tuple[bytes, int]:
+def _run(argv: list[str], loop: str = "uvloop") -> tuple[bytes, int]:
     async def main() -> tuple[bytes, int]:
-        # tornado's SIGCHLD handler is installed once per process: an earlier test's loop (a server
-        # run in this process, now closed) may still hold it, and this child's exit would never be
-        # seen. Dropping it makes wait_for_exit install it on this loop.
-        Subprocess.uninitialize()
         proc = children.spawn(argv, {"PATH": "/usr/bin:/bin"}, cwd="/", parent_death=True)
         assert proc.stdout is not None
-        try:
-            output, code = await asyncio.gather(
-                proc.stdout.read_until_close(), proc.wait_for_exit(raise_error=False)
-            )
-            return output, code
-        finally:
-            Subprocess.uninitialize()  # tornado's SIGCHLD handler belongs to this loop, gone after run()
+        output, code = await asyncio.gather(proc.stdout.read_until_close(), children.exited(proc))
+        return output, code
 
-    return asyncio.run(main())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
+        return runner.run(main())
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_childs_exit_status_is_read_on_either_loop(loop: str) -> None:
+    """children.exited (docs/architecture.md, "Children"): the status as Popen gives it, a signal as
+    its negative number, on uvloop (which keeps SIGCHLD for itself) as on asyncio's loop."""
+    assert _run(["sh", "-c", "echo out; exit 3"], loop) == (b"out\n", 3)
+    assert _run(["sh", "-c", "kill -9 $$"], loop) == (b"", -signal.SIGKILL)
+
+
+def test_a_wait_given_up_leaves_nothing_behind_and_the_next_one_reaps() -> None:
+    """The probes' way: a wait cancelled at its time limit leaves no descriptor open and no reader
+    on the loop; once the child is killed, waiting again reaps it (no zombie stays)."""
+
+    async def main() -> tuple[int, bool]:
+        proc = children.spawn(["sleep", "600"], {"PATH": "/usr/bin:/bin"}, cwd="/", parent_death=True)
+        assert proc.stdout is not None
+        before = set(os.listdir("/proc/self/fd"))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(children.exited(proc), 0.2)
+        after = set(os.listdir("/proc/self/fd"))
+        os.killpg(proc.pid, signal.SIGKILL)
+        code = await children.exited(proc)
+        proc.stdout.close()
+        return code, after == before and not os.path.exists(f"/proc/{proc.pid}")
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(main()) == (-signal.SIGKILL, True)
 
 
 _PDEATHSIG = (
