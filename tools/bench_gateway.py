@@ -460,6 +460,27 @@ async def healthz_while(
     return latencies
 
 
+def _spin(cpu: int) -> None:
+    os.sched_setaffinity(0, {cpu})
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    while True:
+        pass
+
+
+def awake() -> list[multiprocessing.Process]:
+    """A busy loop on every CPU at SCHED_IDLE priority: it runs only while nothing else wants the
+    CPU, and keeps the CPU from going idle. Without it, at c=1 each hop between processes waits for an
+    idle virtual CPU to wake up (here 0.3–1 ms a hop), which made nginx's added TTFB 2.2 ms one run and
+    0.06 ms the next (docs/performance.md). Stop them with kill()."""
+    ctx = multiprocessing.get_context("fork")
+    spinners = [
+        ctx.Process(target=_spin, args=(cpu,), daemon=True) for cpu in sorted(os.sched_getaffinity(0))
+    ]
+    for spinner in spinners:
+        spinner.start()
+    return spinners
+
+
 def pin(pid: int, cpus: set[int]) -> None:
     """Set the CPU affinity of every thread of `pid`."""
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -600,6 +621,9 @@ async def run(
     )
     for stream in (False, True):
         for concurrency, requests in ((1, opts.c1), (32, opts.c32)):
+            # c=1: every CPU kept awake (awake()), so each hop's latency is the relay's, not the time
+            # an idle virtual CPU takes to wake up.
+            spinners = awake() if concurrency == 1 and opts.awake else []
             for target in targets:
                 warmup = max(concurrency, 50)
                 opened0 = accepted(upstream_port)
@@ -633,6 +657,9 @@ async def run(
                     f"{row['tot50']:9.2f} {row['tot99']:6.2f} {gw:>7} {up_cpu:7.2f} {tw[0]:>4}/{tw[1]:<4} {opened:>5}",
                     flush=True,
                 )
+            for spinner in spinners:
+                spinner.kill()
+                spinner.join()
     print("   (ms; cpu = utime+stime per request, 10 ms ticks; TW = TIME-WAIT sockets with the upstream's")
     print("    port as remote port (gateway side) / local port (upstream side), read after each row, the")
     print("    benchmark's own direct connections left out; conns = connections the upstream accepted")
@@ -914,6 +941,13 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=6, help="--baseline: alternating rounds")
     parser.add_argument("--round-streams", type=int, default=1000, help="--baseline: streams per round")
+    parser.add_argument(
+        "--no-awake",
+        dest="awake",
+        action="store_false",
+        help="let the CPUs idle during the c=1 rows (by default a SCHED_IDLE busy loop per CPU keeps "
+        "them awake, so that TTFB is the relays', not the wake-up of an idle virtual CPU)",
+    )
     parser.add_argument(
         "--pace",
         type=float,
