@@ -32,7 +32,14 @@ measured again in alternating rounds of streams at c=32 (`--rounds`, `--round-st
 gateways on the first CPU and the client and upstream on the others, CPU per streamed request (per small request with `--small`) of
 each, the ratio, and PASS/MISS against "within 5 %". `--baseline ''` skips it. A run's ratio moves
 by a few per cent from one start of the servers to the next: `--compare-only --runs N` starts them
-N times (rounds only, no table) and judges the mean (docs/performance.md).
+N times (rounds only, no table) and judges the mean (docs/performance.md). `--small` makes the rounds
+send small non-streamed requests. `--versus nginx` (or `bare`) runs the same rounds with a reference
+in place of the other revision: the steady form of issue 18's two CPU ratios.
+
+`--pace MS` makes every fake upstream pause after each chunk, so that the relays read a stream chunk
+by chunk as from a generating vLLM (without it, a stream's 64 chunks reach the gateway in one or two
+reads). The c=1 rows run with a SCHED_IDLE busy loop on every CPU (`--no-awake`: not), so that their
+TTFB is the relays' and not the wake-up of an idle virtual CPU.
 
 Run: `.venv/bin/python tools/bench_gateway.py` (a minute or two on 2 cores; 45 s with `--baseline ''`).
 """
@@ -494,7 +501,7 @@ def pin(pid: int, cpus: set[int]) -> None:
 
 
 async def before_after(
-    opts: argparse.Namespace, ours: Target, theirs: Target, upstream_pid: int
+    opts: argparse.Namespace, ours: Target, theirs: Target, *upstream_pids: int
 ) -> tuple[float, float]:
     """CPU per streamed request (c=32) of the gateway and of the baseline's, measured in alternating
     rounds (AB, BA, AB …) so that a drift of the machine's load falls on both alike; in ms. Both
@@ -504,15 +511,15 @@ async def before_after(
     if len(everything) < 2:
         return await _rounds(opts, ours, theirs)
     first, rest = {min(everything)}, everything - {min(everything)}
-    assert ours.pid is not None and theirs.pid is not None
-    for pid in (upstream_pid, os.getpid()):
+    relays = (ours.pid, *ours.extra_pids, theirs.pid, *theirs.extra_pids)
+    for pid in (*upstream_pids, os.getpid()):
         pin(pid, rest)
-    for pid in (ours.pid, theirs.pid):
+    for pid in relays:
         pin(pid, first)
     try:
         return await _rounds(opts, ours, theirs)
     finally:
-        for pid in (upstream_pid, os.getpid(), ours.pid, theirs.pid):
+        for pid in (*upstream_pids, os.getpid(), *relays):
             pin(pid, everything)
 
 
@@ -522,13 +529,14 @@ async def _rounds(opts: argparse.Namespace, ours: Target, theirs: Target) -> tup
         spent = {}
         for target in (ours, theirs) if round_ % 2 == 0 else (theirs, ours):
             await load(target, not opts.small, 32, 32)  # the round's connections, not counted
-            before = cpu_ms(target.pid)
+            pids = (target.pid, *target.extra_pids)
+            before = cpu_of(pids)
             await load(target, not opts.small, 32, opts.round_streams)
-            spent[target.name] = cpu_ms(target.pid) - before
+            spent[target.name] = cpu_of(pids) - before
             cpu[target.name] += spent[target.name]
         now, then = (spent[t.name] / opts.round_streams for t in (ours, theirs))
         print(
-            f"   before/after round {round_ + 1}: before {then:.3f} ms, now {now:.3f} ms per {unit(opts)}",
+            f"   round {round_ + 1}: {theirs.name} {then:.3f} ms, {ours.name} {now:.3f} ms per {unit(opts)}",
             flush=True,
         )
     streams = opts.rounds * opts.round_streams
@@ -557,6 +565,17 @@ def report_before_after(opts: argparse.Namespace, ours_ms: float, theirs_ms: flo
     )
 
 
+def report_versus(opts: argparse.Namespace, reference: Target, ours_ms: float, theirs_ms: float) -> None:
+    """--versus: the gateway's CPU against a reference's, measured the same way as --baseline's."""
+    print(
+        f"Gateway versus {reference.name}: CPU per {unit(opts)}, c=32, {opts.rounds} alternating rounds "
+        f"of {opts.round_streams}, both on the first CPU:"
+    )
+    print(f"   {reference.name:<34} {theirs_ms:6.3f} ms")
+    print(f"   {'gateway':<34} {ours_ms:6.3f} ms")
+    print(f"   {'gateway / ' + reference.name:<34} {ours_ms / theirs_ms:6.2f}×")
+
+
 def report_runs(opts: argparse.Namespace, compared: list[tuple[float, float]]) -> None:
     """--runs: each run's ratio, their mean and spread, and the verdict on the mean. A run's ratio
     moves by a few per cent with where its processes landed in memory and on the CPUs, more
@@ -565,6 +584,17 @@ def report_runs(opts: argparse.Namespace, compared: list[tuple[float, float]]) -
     mean = statistics.fmean(ratios)
     spread = statistics.stdev(ratios)
     added = statistics.fmean(ours - theirs for ours, theirs in compared) * 1000
+    if opts.versus:
+        # Issue 18's two CPU targets: a stream at most 1.5× nginx's, a small request at most half the
+        # bare relay's; the other pairs are reported without a verdict.
+        goal = {("nginx", False): 1.5, ("bare", True): 0.5}.get((opts.versus, opts.small))
+        verdict = "" if goal is None else f"{'PASS' if mean <= goal else 'MISS'} (≤ {goal}×)"
+        print()
+        print(f"Gateway / {opts.versus} over {len(ratios)} runs: " + ", ".join(f"{r:.2f}" for r in ratios))
+        print(
+            f"   {'mean ± sd':<34} {mean:6.2f}× ± {spread:.2f}  ({added:+.0f} µs per {unit(opts)})  {verdict}"
+        )
+        return
     verdict = "PASS" if mean <= 1 + BEFORE_AFTER_WITHIN else "MISS"
     print()
     print(
@@ -609,6 +639,13 @@ async def run(
     targets += others
     targets += references
     baseline = next((other for other in others if other.name.startswith("gateway @")), None)
+    if opts.versus:
+        reference = next((r for r in references if r.name.startswith(opts.versus)), None)
+        if reference is None:
+            raise SystemExit(f"no reference {opts.versus!r} in this run")
+        compared = await before_after(opts, targets[1], reference, upstream_pid, *opts.reference_upstreams)
+        report_versus(opts, reference, *compared)
+        return compared
     if opts.compare_only and baseline is not None:
         compared = await before_after(opts, targets[1], baseline, upstream_pid)
         report_before_after(opts, *compared)
@@ -871,9 +908,10 @@ def one_run(
                 others.append(Target(name, port, "fast", keys, pid=other.proc.pid))
                 print(f"{name} {other.base_url} (pid {other.proc.pid})")
             references: list[Target] = []
-            if opts.references and not opts.compare_only:
+            if opts.versus or (opts.references and not opts.compare_only):
                 references, started = start_references(Path(tmp))
                 extra_procs.extend(started)
+                opts.reference_upstreams = (started[0].pid,)  # their own fake upstream
             print()
             return asyncio.run(
                 run(opts, server.proc.pid, upstream.pid, upstream_port, gw_port, secrets, others, references)
@@ -942,6 +980,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="--baseline: alternating rounds")
     parser.add_argument("--round-streams", type=int, default=1000, help="--baseline: streams per round")
     parser.add_argument(
+        "--versus",
+        choices=("nginx", "bare"),
+        help="only alternating rounds of the gateway against a reference (nginx, or the bare Tornado "
+        "relay), both pinned to the first CPU, as --baseline's: the steady form of issue 18's CPU "
+        "ratios (with --runs: over fresh starts; --small: small requests)",
+    )
+    parser.add_argument(
         "--no-awake",
         dest="awake",
         action="store_false",
@@ -970,6 +1015,8 @@ def main() -> None:
         serve_bare_relay(port, upstream_port)
         return
 
+    if opts.versus:
+        opts.baseline = ""  # the gateway against a reference, no other revision
     os.environ[PACE_ENV] = str(opts.pace)  # the fake upstreams read it
     paced = f", the upstream pausing {opts.pace:g} ms after each chunk" if opts.pace else ""
     print(
@@ -978,7 +1025,7 @@ def main() -> None:
     upstream, upstream_port = start_upstream()
     compared: list[tuple[float, float]] = []
     try:
-        for _ in range(opts.runs if opts.compare_only else 1):
+        for _ in range(opts.runs if opts.compare_only or opts.versus else 1):
             result = one_run(opts, upstream, upstream_port)
             if result is not None:
                 compared.append(result)
