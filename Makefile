@@ -140,6 +140,9 @@ bench: .venv nginx
 	$(BIN)/python tools/bench_auth.py
 	$(BIN)/python tools/bench_gateway.py --baseline ''
 	$(BIN)/python tools/bench_gateway.py --compare-only --runs 8 --rounds 8
+	$(BIN)/python tools/bench_gateway.py --versus nginx --runs 3
+	$(BIN)/python tools/bench_gateway.py --versus bare --small --runs 3
+	$(BIN)/python tools/bench_gateway.py --versus nginx --pace 2 --runs 3 --rounds 4 --round-streams 600
 	$(BIN)/python tools/bench_metrics.py
 
 clean:
