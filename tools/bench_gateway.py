@@ -11,8 +11,10 @@ Not a test: it prints numbers, compared against targets, for docs/performance.md
   `--model-aliases fast=tiny` and one `inference` key (verified once before timing);
 
 - the references of issue 18, on a fake upstream of their own: Debian's nginx (`proxy_buffering off`,
-  keep-alive upstream, an access log, one worker) when installed (`make bench` installs it), and a
-  bare Tornado relay (Tornado's simple client, a chunk written and flushed as it comes, nothing else);
+  keep-alive upstream, an access log, one worker) when installed (`make bench` installs it), a
+  bare Tornado relay (Tornado's simple client, a chunk written and flushed as it comes, nothing else),
+  and the protocol relay (an asyncio protocol on uvloop with vllm-use's upstream pool and nothing
+  else: the floor of a relay off Tornado's HTTP server);
 
 and measures, at concurrency 1 and 32, streaming and not, against the upstream called directly, the
 gateway (alias + key), the gateway with `X-Conversation-Id` (the resumable stream buffer) and the
@@ -80,6 +82,7 @@ TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 # probes, JSON logs), whose CPU per streamed request the gateway must stay within 5 % of.
 BASELINE = "fb3aa77"
 BEFORE_AFTER_WITHIN = 0.05
+VERSUS = {"nginx": "nginx", "bare": "bare tornado relay", "protocol": "protocol relay"}  # --versus
 PACE_ENV = "BENCH_PACE_MS"  # --pace, passed to every fake upstream (the deployments' too)
 
 
@@ -249,6 +252,73 @@ def serve_bare_relay(port: int, upstream_port: int) -> None:
     tornado.ioloop.IOLoop.current().start()
 
 
+def serve_protocol_relay(port: int, upstream_port: int) -> None:
+    """A relay without Tornado: an asyncio protocol on uvloop with a naive HTTP/1.1 parser
+    (keep-alive, Content-Length bodies) and vllm-use's own upstream pool, each piece written
+    chunked as it comes; no key, no audit, no limits, no timeouts. What a `/v1` path off Tornado's
+    HTTP server could cost at best (docs/performance.md, issue 18), not a design to ship."""
+    import uvloop
+
+    from vllm_use.gateway.upstream import UpstreamPool
+
+    pool = UpstreamPool()
+    origin = f"http://127.0.0.1:{upstream_port}"
+    tasks: set[asyncio.Task[None]] = set()
+
+    class Relay(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+            self.buffer = b""
+            self.busy = False
+
+        def data_received(self, data: bytes) -> None:
+            self.buffer += data
+            if not self.busy:
+                self.next_request()
+
+        def next_request(self) -> None:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            lines = self.buffer[:end].decode("latin-1").split("\r\n")
+            target = lines[0].split(" ")[1]
+            length = next(
+                (
+                    int(v)
+                    for n, _, v in (line.partition(":") for line in lines[1:])
+                    if n.lower() == "content-length"
+                ),
+                0,
+            )
+            if len(self.buffer) < end + 4 + length:
+                return
+            body, self.buffer = self.buffer[end + 4 : end + 4 + length], self.buffer[end + 4 + length :]
+            self.busy = True
+            task = asyncio.ensure_future(self.relay(target, body))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        async def relay(self, target: str, body: bytes) -> None:
+            write = self.transport.write  # type: ignore[attr-defined]
+            headers = [("Content-Type", "application/json")]
+            async with pool.stream("POST", origin + target, headers, body) as upstream:
+                kind = next((v for n, v in upstream.headers if n.lower() == "content-type"), "text/plain")
+                write(
+                    f"HTTP/1.1 {upstream.status} OK\r\nContent-Type: {kind}\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n".encode()
+                )
+                async for piece in upstream:
+                    write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                write(b"0\r\n\r\n")
+            self.busy = False
+            self.next_request()
+
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(loop.create_server(Relay, "127.0.0.1", port))
+    loop.run_forever()
+
+
 def wait_port(proc: subprocess.Popen[bytes], port: int, what: str) -> None:
     deadline = time.monotonic() + 10
     while True:
@@ -288,6 +358,11 @@ def start_references(tmp: Path) -> tuple[list[Target], list[subprocess.Popen[byt
     procs.append(proc)
     wait_port(proc, port, "the bare relay")
     targets.append(Target("bare tornado relay", port, "tiny", pid=proc.pid))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-protocol-relay", f"{port}:{upstream_port}"])
+    procs.append(proc)
+    wait_port(proc, port, "the protocol relay")
+    targets.append(Target("protocol relay", port, "tiny", pid=proc.pid))
     return targets, procs
 
 
@@ -640,7 +715,7 @@ async def run(
     targets += references
     baseline = next((other for other in others if other.name.startswith("gateway @")), None)
     if opts.versus:
-        reference = next((r for r in references if r.name.startswith(opts.versus)), None)
+        reference = next((r for r in references if r.name == VERSUS[opts.versus]), None)
         if reference is None:
             raise SystemExit(f"no reference {opts.versus!r} in this run")
         compared = await before_after(opts, targets[1], reference, upstream_pid, *opts.reference_upstreams)
@@ -800,6 +875,9 @@ def report_references(
     line("CPU per small request, c=32: gateway / bare relay", ratio, ratio <= 0.5, "≤ 0.5×")
     ratio = rows[(gw, True, 32)]["gw_cpu"] / rows[("bare tornado relay", True, 32)]["gw_cpu"]
     print(f"   {'   (per stream: gateway / bare relay)':<50} {ratio:7.2f}")
+    if "nginx" in names:  # the floor of a relay off Tornado's HTTP server, against the same goal
+        ratio = rows[("protocol relay", True, 32)]["gw_cpu"] / rows[("nginx", True, 32)]["gw_cpu"]
+        print(f"   {'   (per stream: protocol relay / nginx)':<50} {ratio:7.2f}")
     if pinned:
         p99 = pct(pinned, 99)
         line("healthz p99 (ms), 32 streams, gateway pinned", p99, p99 <= HEALTHZ_P99_TARGET_MS, "≤ 5 ms")
@@ -939,6 +1017,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-bare-relay", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-protocol-relay", help=argparse.SUPPRESS)
     parser.add_argument(
         "--no-references",
         dest="references",
@@ -981,10 +1060,10 @@ def main() -> None:
     parser.add_argument("--round-streams", type=int, default=1000, help="--baseline: streams per round")
     parser.add_argument(
         "--versus",
-        choices=("nginx", "bare"),
-        help="only alternating rounds of the gateway against a reference (nginx, or the bare Tornado "
-        "relay), both pinned to the first CPU, as --baseline's: the steady form of issue 18's CPU "
-        "ratios (with --runs: over fresh starts; --small: small requests)",
+        choices=tuple(VERSUS),
+        help="only alternating rounds of the gateway against a reference (nginx, the bare Tornado "
+        "relay, or the protocol relay), both pinned to the first CPU, as --baseline's: the steady form "
+        "of issue 18's CPU ratios (with --runs: over fresh starts; --small: small requests)",
     )
     parser.add_argument(
         "--no-awake",
@@ -1013,6 +1092,10 @@ def main() -> None:
     if opts.serve_bare_relay:
         port, upstream_port = map(int, opts.serve_bare_relay.split(":"))
         serve_bare_relay(port, upstream_port)
+        return
+    if opts.serve_protocol_relay:
+        port, upstream_port = map(int, opts.serve_protocol_relay.split(":"))
+        serve_protocol_relay(port, upstream_port)
         return
 
     if opts.versus:
