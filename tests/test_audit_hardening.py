@@ -240,3 +240,34 @@ def test_the_console_shows_refused_credentials_and_corrupt_rows(
         watched.assert_clean()
     finally:
         server.stop()
+
+
+def test_the_eviction_keeps_exactly_the_newest_max_records_across_flushes_and_restarts(db: Database) -> None:
+    """--max-audit-records at its edge: n records are all kept, the n+1st evicts the oldest; a new
+    writer (a restart) counts what is stored and keeps to its own cap, however large the table."""
+
+    def add(writer: AuditWriter, *numbers: int) -> list[str]:
+        for n in numbers:
+            writer.record(
+                audit_id=f"au_{n:024d}",
+                request_id=str(n),
+                key_id=None,
+                method="POST",
+                path="/v1/chat/completions",
+                model="tiny",
+                status=200,
+                duration_ms=1.0,
+                stream=False,
+            )
+        assert writer.flush_sync()
+        records, corrupt = db.query_sync(read_newest, 100)
+        assert corrupt == []
+        return sorted((r["request_id"] for r in records), key=int)
+
+    writer = AuditWriter(db, 5)
+    assert add(writer, 0, 1, 2, 3, 4) == ["0", "1", "2", "3", "4"]
+    assert add(writer, 5) == ["1", "2", "3", "4", "5"]
+    assert add(writer, 6, 7) == ["3", "4", "5", "6", "7"]
+    assert add(AuditWriter(db, 5), 8) == ["4", "5", "6", "7", "8"]
+    assert add(AuditWriter(db, 3), 9) == ["7", "8", "9"]
+    assert add(AuditWriter(db, 10), 10, 11) == ["7", "8", "9", "10", "11"]

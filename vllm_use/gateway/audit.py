@@ -65,6 +65,9 @@ class AuditWriter:
         self._rollups: dict[tuple[str, str, str], list[int]] = {}
         self._timer: PeriodicCallback | None = None
         self.failed = False
+        # Rows in audit_records after the last write (None: not counted yet, done at the first):
+        # the eviction deletes only the excess, without walking the kept rows (`write`).
+        self._stored: int | None = None
 
     def start(self) -> None:
         self._timer = PeriodicCallback(self.flush, FLUSH_S * 1000)
@@ -127,7 +130,7 @@ class AuditWriter:
             return
         batch, rollups = self._take()
         try:
-            await self.db.query(write, batch, self.max_records, rollups)
+            self._stored = await self.db.query(write, batch, self.max_records, rollups, self._stored)
         except Exception:
             log.exception("could not write %d audit record(s)", len(batch))
             self.failed = True
@@ -139,7 +142,7 @@ class AuditWriter:
         batch, rollups = self._take()
         if batch or rollups:
             try:
-                self.db.query_sync(write, batch, self.max_records, rollups)
+                self._stored = self.db.query_sync(write, batch, self.max_records, rollups, self._stored)
             except Exception:
                 log.exception("could not write %d audit record(s) at shutdown", len(batch))
                 return False
@@ -155,23 +158,38 @@ _INSERT = (
 
 
 def write(
-    db: Database, batch: list[tuple[Any, ...]], max_records: int, rollups: Sequence[tuple[Any, ...]] = ()
-) -> None:
+    db: Database,
+    batch: list[tuple[Any, ...]],
+    max_records: int,
+    rollups: Sequence[tuple[Any, ...]] = (),
+    stored: int | None = None,
+) -> int | None:
     """Runs on the DB thread: insert the batch, evict the oldest beyond the cap and add `rollups`
-    (`store.add_rollups`), one transaction.
+    (`store.add_rollups`), one transaction. Returns the rows now stored.
+
+    `stored` is what the last call returned (None: counted here, once): the eviction deletes the
+    `stored - max_records` oldest rows through the created_at index, so a flush costs what it adds,
+    not what the table keeps (skipping the newest `max_records` with OFFSET walked them all, every
+    flush: 21 ms at a million records). Only this writer deletes audit records.
 
     `executemany` on the sqlite3 connection binds the rows in C: building the INSERT with peewee cost
     ~20 µs of Python per row, and that thread holding the GIL is time the event loop waits.
     """
     with db.atomic():
         if batch:
+            if stored is None:
+                stored = db.execute("SELECT count(*) FROM audit_records").fetchone()[0]
             db.connection().executemany(_INSERT, batch)
-            db.execute(
-                "DELETE FROM audit_records WHERE rowid IN (SELECT rowid FROM audit_records "
-                "ORDER BY created_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
-                (max_records,),
-            )
+            stored += len(batch)
+            if stored > max_records:
+                evicted = db.execute(
+                    "DELETE FROM audit_records WHERE rowid IN (SELECT rowid FROM audit_records "
+                    "ORDER BY created_at, rowid LIMIT ?)",
+                    (stored - max_records,),
+                )
+                stored -= evicted.rowcount
         store.add_rollups(db, rollups)
+    return stored
 
 
 def count(db: Database) -> int:
