@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import time
@@ -132,7 +131,7 @@ class Authenticator:
 
     def __init__(self, db: Database, admin_token: str, crypto_workers: int | None = None) -> None:
         self._db = db
-        self._admin_digest = hashlib.sha256(admin_token.encode()).digest()
+        self._admin_digest = material.token_digest(admin_token)
         # Leave a core to the IOLoop: with every core busy deriving, the loop waits for the
         # scheduler and /healthz p99 doubles (docs/performance.md).
         workers = crypto_workers or max(1, min(2, len(os.sched_getaffinity(0)) - 1))
@@ -155,12 +154,11 @@ class Authenticator:
     async def authenticate(self, token: str) -> Identity:
         """Raise Unauthenticated unless `token` is the admin token or a valid, enabled key;
         `AuthBusy` when its first verification cannot be queued now."""
-        digest = hashlib.sha256(token.encode()).digest()
+        digest = material.token_digest(token)  # one hash: the admin check and the cache's key
         if constant_time.bytes_eq(digest, self._admin_digest):
             return ADMIN_TOKEN_IDENTITY
         if len(token) != 51 or not material.SECRET_RE.fullmatch(token):
             raise Unauthenticated("unknown credential")
-        # An API key is ASCII (SECRET_RE): its digest is `material.cache_digest(token)`, the cache's key.
         hit = self._cache.get(digest)
         key_id = hit.identity.key_id if hit else None
         if hit and key_id and hit.epoch == self._epochs.get(key_id, 0):

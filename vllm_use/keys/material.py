@@ -59,9 +59,10 @@ def matches(secret: str, salt: bytes, expected: bytes) -> bool:
     return constant_time.bytes_eq(derive(secret, salt), expected)
 
 
-def cache_digest(secret: str) -> bytes:
-    """Key of the verified-key cache: a fast hash, so the secret itself is never held."""
-    return hashlib.sha256(secret.encode("ascii")).digest()
+def token_digest(token: str) -> bytes:
+    """A fast hash of a presented token: compared with the admin token's, and the key of the
+    verified-key cache, so the secret itself is never held."""
+    return hashlib.sha256(token.encode()).digest()
 
 
 def validate_name(value: str) -> str:
