@@ -73,8 +73,12 @@ def test_a_wait_given_up_leaves_nothing_behind_and_the_next_one_reaps() -> None:
         proc = children.spawn(["sleep", "600"], {"PATH": "/usr/bin:/bin"}, cwd="/", parent_death=True)
         assert proc.stdout is not None
         before = set(os.listdir("/proc/self/fd"))
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(children.exited(proc), 0.2)
+        waiting = asyncio.ensure_future(children.exited(proc))
+        await asyncio.sleep(0)  # it opens its pidfd and watches it
+        assert len(set(os.listdir("/proc/self/fd")) - before) == 1
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
         after = set(os.listdir("/proc/self/fd"))
         os.killpg(proc.pid, signal.SIGKILL)
         code = await children.exited(proc)
