@@ -26,7 +26,7 @@ from typing import Any
 import tornado.web
 from tornado.log import access_log
 
-from handlers.server import ServerStream
+from handlers.connection import RequestConnection
 from vllm_use.context import AppContext
 from vllm_use.errors import (
     InvalidArguments,
@@ -159,9 +159,9 @@ class JsonHandler(tornado.web.RequestHandler):
         written. The close lingers (handlers/server.py): a client still sending the small body it
         announced reads the answer instead of a reset.
         """
-        stream = getattr(self.request.connection, "stream", None)
-        if isinstance(stream, ServerStream):  # another server (a test's) closes plainly
-            stream.linger_after_close()
+        connection = self.request.connection
+        if isinstance(connection, RequestConnection):  # another server (a test's) closes plainly
+            connection.linger_after_close()
         self._discard = True
         self._chunks.clear()
         self.clear()

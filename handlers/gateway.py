@@ -23,6 +23,7 @@ import tornado.web
 from tornado.iostream import StreamClosedError
 
 from handlers.base import JsonHandler
+from handlers.connection import RequestConnection
 from vllm_use.errors import (
     Conflict,
     InvalidArguments,
@@ -160,10 +161,15 @@ class GatewaySurface(JsonHandler):
             self.app.auth.failures.record(Surface.GATEWAY)
             raise
         connection = self.request.connection
-        stream = getattr(connection, "stream", None)
-        self._live_token = self.app.live.add(
-            identity.key_id, connection.close, lambda: stream is not None and stream.closed()
-        )
+        if isinstance(connection, RequestConnection):
+            closed = connection.closed
+        else:  # Tornado's own HTTP1Connection (a test's server)
+            stream = getattr(connection, "stream", None)
+
+            def closed() -> bool:
+                return stream is not None and stream.closed()
+
+        self._live_token = self.app.live.add(identity.key_id, connection.close, closed)
         return identity
 
     # --- errors --------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ Limits (docs/security.md):
   the socket is closed (nginx's lingering close). At most `LINGER_MAX` sockets linger at once;
   beyond that they are closed at once.
 
-Runs on the IOLoop. No TLS: the server listens on plain HTTP (docs/security.md).
+Each connection is read and written by `handlers.connection.Connection` (HTTP/1.x; the rules it
+keeps are listed there). Runs on the IOLoop. No TLS: the server listens on plain HTTP (docs/security.md).
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import tornado.httpserver
-from tornado import gen
+import tornado.netutil
+import tornado.web
 from tornado.ioloop import IOLoop
-from tornado.iostream import IOStream, StreamClosedError
 
+from handlers.connection import Connection
 from vllm_use.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -120,39 +121,6 @@ class _Throttled:
             self._last = now
 
 
-class ServerStream(IOStream):
-    """A client connection; closing it frees its place under the cap."""
-
-    def __init__(self, sock: socket.socket, server: GuardedHTTPServer, **kwargs: Any) -> None:
-        super().__init__(sock, **kwargs)
-        self.server = server
-        self._lingerer: socket.socket | None = None
-
-    def linger_after_close(self) -> None:
-        """Make the coming close linger (module docstring). Call before an early answer: Tornado
-        closes the stream once the answer is written (at once when it fits the socket's buffer),
-        and a duplicate of the socket, kept open meanwhile, then lingers on."""
-        if self._lingerer is not None or self.closed() or self.socket is None:
-            return
-        try:
-            self._lingerer = self.socket.dup()
-        except OSError:
-            pass  # a plain close, then
-
-    def close_fd(self) -> None:
-        try:
-            super().close_fd()  # the base closes the socket; IOStream.close calls this once
-        finally:
-            self.server.open_connections -= 1
-            if self._lingerer is not None:
-                duplicate, self._lingerer = self._lingerer, None
-                try:
-                    self.server.linger(IOStream(duplicate))
-                except Exception:
-                    duplicate.close()
-                    raise
-
-
 class _Acceptor:
     """Accepts on one listening socket, and steps back for a while when descriptors run out."""
 
@@ -208,81 +176,104 @@ class _Acceptor:
             self._watching = True
 
 
-class GuardedHTTPServer(tornado.httpserver.HTTPServer):
-    """tornado's HTTPServer with the cap, the back-off and lingering close of the module docstring.
+class GuardedHTTPServer:
+    """The HTTP server: connections read by `handlers.connection.Connection`, each request run by
+    the Tornado application; with the cap, the back-off and lingering close of the module docstring.
 
-    Plain HTTP only (TCPServer's TLS path is not taken). Everything runs on the IOLoop.
+    Plain HTTP only. Everything runs on the loop.
     """
 
-    def initialize(self, *args: Any, max_connections: int = DEFAULT_MAX, **kwargs: Any) -> None:  # type: ignore[override]
-        super().initialize(*args, **kwargs)
-        if self.ssl_options is not None:
-            raise ValueError("GuardedHTTPServer serves plain HTTP only")
+    def __init__(
+        self,
+        application: tornado.web.Application,
+        *,
+        max_connections: int = DEFAULT_MAX,
+        max_body_size: int = 100 * 1024 * 1024,
+        idle_connection_timeout: float = 3600,
+        body_timeout: float | None = None,
+    ) -> None:
+        self.application = application
         self.max_connections = max_connections
+        self.max_body_size = max_body_size
+        self.idle_connection_timeout = idle_connection_timeout  # also the time to send a head
+        self.body_timeout = body_timeout
+        self.linger_bytes = LINGER_BYTES
+        self.linger_seconds = LINGER_S
         self.open_connections = 0
-        self._lingering: set[asyncio.Task[None]] = set()
+        self.lingering = 0
         self.refused = _Throttled("connection limit (%d) reached: answered 503")
         self.exhausted = _Throttled("accept failed (%s): descriptors exhausted, pausing %.2f s")
+        self._acceptors: list[_Acceptor] = []
+        self._connections: set[Connection] = set()
+        self._starting: set[asyncio.Future[Any]] = set()
+        self._all_closed: asyncio.Event | None = None
 
-    @property
-    def lingering(self) -> int:
-        return len(self._lingering)
+    def listen(self, port: int, address: str = "") -> None:
+        self.add_sockets(tornado.netutil.bind_sockets(port, address=address))
 
     def add_sockets(self, sockets: Iterable[socket.socket]) -> None:
-        # Replaces TCPServer.add_sockets, whose accept handler raises on EMFILE (module docstring).
+        # Not TCPServer's accept handler, which raises on EMFILE (module docstring).
         for sock in sockets:
-            acceptor = _Acceptor(self, sock)
-            self._sockets[sock.fileno()] = sock
-            self._handlers[sock.fileno()] = acceptor.stop
+            self._acceptors.append(_Acceptor(self, sock))
 
-    def admit(self, connection: socket.socket, address: Any) -> None:
-        """Serve a new connection, or answer 503 and close it when the cap is reached."""
-        if self.open_connections >= self.max_connections:
+    def stop(self) -> None:
+        """Stop accepting and close the listening sockets; open connections go on."""
+        for acceptor in self._acceptors:
+            acceptor.stop()
+            acceptor.sock.close()
+        self._acceptors.clear()
+
+    async def close_all_connections(self) -> None:
+        """Close every open connection now, and wait until they are closed."""
+        for connection in list(self._connections):
+            connection.abort()
+        while self._connections or self._starting:
+            self._all_closed = asyncio.Event()
+            await self._all_closed.wait()
+
+    def admit(self, sock: socket.socket, address: Any) -> None:
+        """Serve a new connection, or answer 503 and close it lingering when the cap is reached."""
+        refused = self.open_connections >= self.max_connections
+        if refused:
             self.refused.note(self.max_connections)
-            try:
-                connection.setblocking(False)
-                connection.send(BUSY_RESPONSE)  # a fresh socket's buffer takes it whole
-                stream = IOStream(connection)
-            except OSError:
-                connection.close()
-                return
-            self.linger(stream)
-            return
-        self.open_connections += 1
-        try:
-            stream = ServerStream(
-                connection, self, max_buffer_size=self.max_buffer_size, read_chunk_size=self.read_chunk_size
-            )
-        except Exception:
-            self.open_connections -= 1
-            connection.close()
-            log.exception("could not set up a connection")
-            return
-        self.handle_stream(stream, address)
+        else:
+            self.open_connections += 1
+        protocol = Connection(self, address, BUSY_RESPONSE if refused else None)
+        starting = asyncio.ensure_future(
+            asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, sock)
+        )
+        self._starting.add(starting)
 
-    def linger(self, stream: IOStream) -> None:
-        """Close `stream` (ours alone now: detached from HTTP, or never given to it) lingering:
-        the answer already handed to it is written, then the sending side is shut down and what
-        arrives is dropped, bounded (module docstring). At LINGER_MAX, it is closed at once."""
-        if len(self._lingering) >= LINGER_MAX:
-            stream.close()
-            return
-        task = asyncio.ensure_future(_linger(stream))
-        self._lingering.add(task)
-        task.add_done_callback(self._lingering.discard)
+        def started(future: asyncio.Future[Any]) -> None:
+            self._starting.discard(future)
+            if future.cancelled() or future.exception() is not None:
+                sock.close()
+                protocol.never_started()
+                if not future.cancelled():
+                    log.warning("could not set up a connection: %s", future.exception())
+            self._maybe_all_closed()
 
+        starting.add_done_callback(started)
 
-async def _linger(stream: IOStream) -> None:
-    deadline = IOLoop.current().time() + LINGER_S
-    try:
-        # An empty write resolves once everything written before it is out.
-        await gen.with_timeout(deadline, stream.write(b""), quiet_exceptions=StreamClosedError)
-        stream.socket.shutdown(socket.SHUT_WR)  # the client reads our answer, then its end
-        left = LINGER_BYTES
-        while left > 0:
-            read = stream.read_bytes(min(left, 64 * 1024), partial=True)
-            left -= len(await gen.with_timeout(deadline, read, quiet_exceptions=StreamClosedError))
-    except (TimeoutError, StreamClosedError, OSError):
-        pass  # the client closed, or it had its time: close now
-    finally:
-        stream.close()
+    def track(self, connection: Connection) -> None:
+        """`connection` is open (Connection.connection_made; it may close before `admit`'s task ends)."""
+        self._connections.add(connection)
+
+    def forget(self, connection: Connection) -> None:
+        """`connection` is closed (Connection.connection_lost)."""
+        self._connections.discard(connection)
+        self._maybe_all_closed()
+
+    def lingering_starts(self) -> bool:
+        """Whether one more connection may linger (at most LINGER_MAX); counted if so."""
+        if self.lingering >= LINGER_MAX:
+            return False
+        self.lingering += 1
+        return True
+
+    def lingering_ended(self) -> None:
+        self.lingering -= 1
+
+    def _maybe_all_closed(self) -> None:
+        if self._all_closed is not None and not self._connections and not self._starting:
+            self._all_closed.set()
