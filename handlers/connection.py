@@ -1,9 +1,10 @@
 """A client connection: HTTP/1.x read and written here, each request run by Tornado's application.
 
 Tornado's `HTTPServer` reads a connection through an `IOStream` and a coroutine per request
-(`HTTP1Connection`); together they cost about as much CPU per request as everything the gateway
-does itself (docs/performance.md, "The connection layer"). This module puts an asyncio protocol in
-their place: one object per connection, driven by the loop's callbacks, no task per request. What
+(`HTTP1Connection`); together they cost 60-80 µs of CPU per request more than a bare asyncio
+protocol, a fifth of a small gateway request (docs/performance.md, "Issue 18: the connection
+layer"). This module puts a protocol in their place: one object per connection, driven by the
+loop's callbacks, no task per request. What
 runs a request is unchanged: Tornado's `Application` routes it and a `RequestHandler` answers it,
 through `RequestConnection`, which is the `tornado.httputil.HTTPConnection` of one request.
 
@@ -26,9 +27,10 @@ The rules are Tornado's, kept one by one (docs/security.md, "Connections and bod
   (`linger_after_close`, handlers/server.py) when the handler asks for it, plainly otherwise.
 - Requests sent ahead (pipelined) wait in the buffer until the answer before them is finished; at
   most `READ_AHEAD_BYTES` are buffered beyond what a request is reading, then reading pauses.
-- A write's future resolves once the transport holds less than `WRITE_HIGH_WATER` bytes: a
-  handler awaiting `flush()` waits for a slow client (backpressure), and on a closed connection it
-  fails with `StreamClosedError`, as an `IOStream`'s does.
+- A write's future resolves once the transport holds less than `WRITE_HIGH_WATER` bytes (at once
+  when it took the data whole: awaiting it then does not turn the loop): a handler awaiting
+  `flush()` waits for a slow client (backpressure), and on a closed connection, or one whose peer
+  is gone, it fails with `StreamClosedError`, as an `IOStream`'s does.
 - A handler that raises is logged and its connection closed; its delegate hears of the close. An
   `HTTPInputError` raised while a request is set up (Tornado's request refuses a bad `Host`) is
   bad input, not a fault: 400 and a close, as bad framing.
