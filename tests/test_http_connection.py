@@ -33,6 +33,7 @@ class Echo(tornado.web.RequestHandler):
     """POST: answers the body it read, and how many pieces it came in (X-Pieces)."""
 
     def prepare(self) -> None:
+        super().prepare()
         self.pieces: list[bytes] = []
 
     def data_received(self, chunk: bytes) -> None:
