@@ -267,6 +267,7 @@ class RelayHandler(GatewaySurface):
         self.session: StreamSession | None = None
         self._usage: Usage = "none"
         self._tap: Tap | None = None  # reads the answer's token counts (vllm_use/usage/tap.py)
+        self._flushed = False  # the head and a first piece were written and flushed
 
     async def post(self, path: str) -> None:
         if path == "models":
@@ -512,13 +513,22 @@ class RelayHandler(GatewaySurface):
             return False
         if not self._headers_sent:
             self._send_headers(upstream)
-        self.write(chunk)
         if upstream.complete:
             # The upstream's whole answer is here: `finish` sends what is still buffered in one
             # write, with a Content-Length when nothing was flushed yet (docs/gateway.md).
+            self.write(chunk)
             return True
+        if self._flushed:
+            # The head went out with the first piece and nothing is buffered since: each later piece
+            # goes to the connection as it is, past the handler's buffer (a fifth of a paced
+            # stream's Python per chunk, docs/performance.md).
+            sent = self.request.connection.write(chunk)
+        else:
+            self.write(chunk)
+            sent = self.flush()
         try:
-            await self.flush()
+            await sent
+            self._flushed = True
         except StreamClosedError:
             # The client left while the flush was pending; on_connection_close may not have run yet,
             # so it is marked gone here (audited as 499). An attached generation outlives its
