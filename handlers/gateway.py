@@ -5,8 +5,9 @@ Per request: auth (one Bearer key with `inference`; on `/v1/messages*` one
 whatever its Content-Type → the `model` alias rewritten in place (and a stream's
 usage event asked for) → the upstream request (no environment proxy, no
 redirects, client credentials dropped, our upstream key injected) → status and
-headers relayed with cache headers replaced → each chunk written and flushed as
-it arrives (backpressure: the next upstream read waits for our flush), its token
+headers relayed with cache headers replaced → each chunk written as it arrives,
+the rest of a stream from the upstream connection's callback (backpressure: the
+upstream is not read while our client's writes wait), its token
 counts read by the usage tap (docs/observability.md). A client that goes away aborts the upstream request
 at once, unless the request is attached to a resumable stream (X-Conversation-Id).
 Errors use the OpenAI shape, or the Anthropic shape on `/v1/messages*`.
@@ -14,6 +15,7 @@ Errors use the OpenAI shape, or the Anthropic shape on `/v1/messages*`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -74,6 +76,10 @@ _ANTHROPIC_TYPES = {
     500: "api_error",
     400: "invalid_request_error",
 }
+
+
+class _ClientLeft(Exception):
+    """Raised by `RelayHandler._piece` to end a relay whose client went away (nothing attached)."""
 
 
 def _content_type(upstream: Exchange) -> str:
@@ -431,6 +437,13 @@ class RelayHandler(GatewaySurface):
                             continue  # held back by the tap until its event is whole
                         if not await self._relay_chunk(upstream, chunk):
                             return  # the client left: leaving the block closes the upstream connection
+                        if self._flushed:
+                            break  # the head is out: the rest goes through `_piece`
+                    if self._flushed:
+                        try:
+                            await upstream.pipe(self._piece)
+                        except _ClientLeft:
+                            return  # as above
                     if tap is not None:
                         if (rest := tap.end()) and not await self._relay_chunk(upstream, rest):
                             return
@@ -518,16 +531,9 @@ class RelayHandler(GatewaySurface):
             # write, with a Content-Length when nothing was flushed yet (docs/gateway.md).
             self.write(chunk)
             return True
-        if self._flushed:
-            # The head went out with the first piece and nothing is buffered since: each later piece
-            # goes to the connection as it is, past the handler's buffer (a fifth of a paced
-            # stream's Python per chunk, docs/performance.md).
-            sent = self.request.connection.write(chunk)
-        else:
-            self.write(chunk)
-            sent = self.flush()
+        self.write(chunk)
         try:
-            await sent
+            await self.flush()
             self._flushed = True
         except StreamClosedError:
             # The client left while the flush was pending; on_connection_close may not have run yet,
@@ -536,6 +542,36 @@ class RelayHandler(GatewaySurface):
             self._client_gone = True
             return self.session is not None
         return True
+
+    def _piece(self, chunk: bytes) -> asyncio.Future[None] | None:
+        """`_relay_chunk` for the pieces after the head (the sink of `Exchange.pipe`, called as the
+        upstream's bytes arrive): each goes to the connection as it is, past the handler's buffer,
+        and reading waits while the client is slow (the future returned)."""
+        tap = self._tap
+        if tap is not None and not (chunk := tap.feed(chunk)):
+            return None  # held back by the tap until its event is whole
+        if self.session is not None:
+            self.session.append(chunk)  # attached: generation goes on without the client
+            if self._client_gone:
+                return None
+        elif self._client_gone:
+            raise _ClientLeft
+        assert self._upstream is not None
+        if self._upstream.complete:
+            self.write(chunk)  # the last piece: `finish` sends it
+            return None
+        sent = self.request.connection.write(chunk)
+        if not sent.done():
+            sent.add_done_callback(self._sent)
+        elif sent.exception() is not None:
+            self._client_gone = True  # as in `_relay_chunk`
+            if self.session is None:
+                raise _ClientLeft
+        return sent
+
+    def _sent(self, sent: asyncio.Future[None]) -> None:
+        if sent.cancelled() or sent.exception() is not None:
+            self._client_gone = True  # the next piece goes to the session only, or ends the relay
 
     def on_connection_close(self) -> None:
         super().on_connection_close()  # marks the client gone unless we closed it ourselves

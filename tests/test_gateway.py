@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import socket
 import threading
 import time
 import uuid
@@ -462,6 +463,59 @@ def test_an_answer_read_whole_leaves_in_one_piece_and_a_trickling_stream_as_chun
     assert status == 200, answer
     assert headers["Transfer-Encoding"] == "chunked" and "Content-Length" not in headers
     assert answer.endswith(b"data: [DONE]\n\n") and upstream.reply.split()[-1].encode() in answer
+
+
+def test_a_client_that_stops_reading_a_long_stream_then_gets_every_byte_in_order(
+    gw: Server, key: tuple[str, str], upstream: FakeUpstream
+) -> None:
+    """The client reads nothing until the upstream's writes stand still: of the 6.5 MB stream, more
+    than the gateway's socket to the client holds (4 MiB at most here, tcp_wmem) has to wait, so
+    the gateway's writes back up and it stops reading the upstream (handlers/gateway.py, `_piece`);
+    once the client reads again, every byte comes, in order."""
+    upstream.reply = " ".join(f"w{i}" for i in range(30000))  # 6.5 MB of events
+    released = threading.Event()
+    upstream.hold_after_first = released  # the rest after the head: relayed piece by piece
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    host, port = gw.base_url.removeprefix("http://").split(":")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(30)
+        sock.connect((host, int(port)))
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {key[1]}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body)
+        received = sock.recv(1024)
+        released.set()
+        stalled = -1
+        while upstream.flushed != stalled:  # until the upstream's writes stand still
+            stalled = upstream.flushed
+            time.sleep(0.3)
+        while data := sock.recv(65536):
+            received += data
+    head_bytes, _, chunked = received.partition(b"\r\n\r\n")
+    assert head_bytes.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in head_bytes
+    events = dechunk(chunked)
+    assert events.endswith(b"data: [DONE]\n\n")
+    text = "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in events.decode().splitlines()
+        if line.startswith("data: {") and json.loads(line[6:])["choices"]
+    )
+    assert text == upstream.reply
+
+
+def dechunk(data: bytes) -> bytes:
+    """The payload of a whole chunked body."""
+    out, pos = [], 0
+    while True:
+        end = data.index(b"\r\n", pos)
+        size = int(data[pos:end], 16)
+        if not size:
+            return b"".join(out)
+        out.append(data[end + 2 : end + 2 + size])
+        pos = end + 4 + size
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])

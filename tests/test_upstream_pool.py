@@ -22,7 +22,7 @@ import pytest
 
 from tests.fakes.upstream import FakeUpstream, running
 from vllm_use.errors import UpstreamError, UpstreamProtocolError
-from vllm_use.gateway.upstream import IDLE_TIMEOUT_S, UpstreamPool, _Dechunker
+from vllm_use.gateway.upstream import IDLE_TIMEOUT_S, Exchange, UpstreamPool, _Dechunker
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Say hello"}]}
 
@@ -37,6 +37,31 @@ def fresh_upstream(upstream: FakeUpstream) -> Iterator[None]:
     upstream.reset()
     yield
     upstream.reset()
+
+
+PIPED = False  # how `drain` reads a body: iterating the exchange, or `Exchange.pipe`
+
+
+@pytest.fixture(autouse=True, params=["iterated", "piped"])
+def reading(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here reads bodies both ways the gateway does: the first pieces by iterating, the
+    rest of a stream through `Exchange.pipe` (handlers/gateway.py)."""
+    monkeypatch.setitem(globals(), "PIPED", request.param == "piped")
+
+
+async def drain(exchange: Exchange, on_piece: Callable[[bytes], Any]) -> None:
+    """Each piece of the body to `on_piece`, awaiting what it returns before the next."""
+    if PIPED:
+
+        def sink(piece: bytes) -> asyncio.Future[None] | None:
+            pending = on_piece(piece)
+            return None if pending is None else asyncio.ensure_future(pending)
+
+        await exchange.pipe(sink)
+        return
+    async for piece in exchange:
+        if (pending := on_piece(piece)) is not None:
+            await pending
 
 
 def run_with_client(body: Callable[[UpstreamPool], Awaitable[Any]], **options: Any) -> Any:
@@ -70,11 +95,7 @@ async def fetch(
     returns an awaitable, as the gateway awaits its flush), or gathered into `body`."""
     async with client.stream(method, url, headers, body) as exchange:
         pieces: list[bytes] = []
-        async for piece in exchange:
-            if on_chunk is None:
-                pieces.append(piece)
-            elif (pending := on_chunk(piece)) is not None:
-                await pending
+        await drain(exchange, pieces.append if on_chunk is None else on_chunk)
         return Answer(exchange.status, exchange.reason, dict(exchange.headers), b"".join(pieces))
 
 
@@ -201,8 +222,7 @@ def test_a_cancelled_connection_is_closed_at_once_and_never_reused(upstream: Fak
 
         async def consume() -> None:
             async with exchange:
-                async for _piece in exchange:
-                    pass
+                await drain(exchange, lambda piece: None)
 
         first = asyncio.ensure_future(consume())
         while not upstream.requests:
@@ -222,6 +242,31 @@ def test_a_cancelled_connection_is_closed_at_once_and_never_reused(upstream: Fak
     run_with_client(body)
     first, second = upstream.requests
     assert first.peer != second.peer
+
+
+def test_a_task_cancelled_while_it_pipes_closes_the_connection(upstream: FakeUpstream) -> None:
+    upstream.endless = True
+
+    async def body(client: UpstreamPool) -> None:
+        pieces: list[bytes] = []
+
+        async def consume() -> None:
+            async with client.stream(**chat(upstream.url, True)) as exchange:
+                await exchange.pipe(pieces.append)
+
+        task = asyncio.ensure_future(consume())
+        while not pieces:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while not upstream.closes:
+            await asyncio.sleep(0.01)
+        upstream.endless = False
+        assert (await fetch(client, **chat(upstream.url))).code == 200
+        assert client.opened == 2
+
+    run_with_client(body)
 
 
 def test_an_error_while_reading_the_body_drops_the_connection(upstream: FakeUpstream) -> None:
@@ -255,8 +300,30 @@ def test_backpressure_the_next_piece_waits_for_the_reader(upstream: FakeUpstream
         assert response.code == 200 and len(calls) >= 2
         gaps = [b - a for a, b in itertools.pairwise(calls)]
         assert min(gaps) >= 0.045
+        assert (await fetch(client, **chat(upstream.url))).code == 200
+        assert client.opened == 1  # reading was held, and given back: the connection is reused
 
     upstream.first_chunk_pause = 0.2  # two deliveries at least: the first chunk, then the rest
+    run_with_client(body)
+
+
+def test_a_body_iterated_first_and_piped_after_arrives_whole_and_its_connection_is_reused(
+    upstream: FakeUpstream,
+) -> None:
+    """As the gateway reads a stream: the first piece by iterating, the rest through `pipe`."""
+
+    async def body(client: UpstreamPool) -> None:
+        async with client.stream(**chat(upstream.url, True)) as exchange:
+            first = await exchange.__anext__()
+            assert not exchange.complete  # the rest comes after the pause
+            rest: list[bytes] = []
+            await exchange.pipe(rest.append)
+            assert exchange.complete
+        whole = await fetch(client, **chat(upstream.url, True))
+        assert sse_text(first + b"".join(rest)) == sse_text(whole.body) == upstream.reply
+        assert client.opened == 1
+
+    upstream.first_chunk_pause = 0.2
     run_with_client(body)
 
 

@@ -2,8 +2,8 @@
 
 It runs a Tornado app on ``127.0.0.1`` in a background thread with its own IOLoop, and records what
 it receives: every request (method, path with query, headers in arrival order, raw body bytes,
-arrival time, client port), every connection its client closed while it was still answering, and
-how every connection ended. Every body, SSE event and error comes from `tests/fakes/shapes.py`,
+arrival time, client port), every connection its client closed while it was still answering,
+how every connection ended, and how many bytes of answers it has flushed (`flushed`). Every body, SSE event and error comes from `tests/fakes/shapes.py`,
 the shapes `tests/fakes/vllm.py` serves too; tests/test_fakes_match_vllm.py compares both with the
 real vLLM, request for request. It serves:
 
@@ -271,6 +271,7 @@ class _Handler(tornado.web.RequestHandler):
             await self.flush()
         except StreamClosedError:
             raise _Gone() from None
+        self.fake.flushed += len(chunk)
 
     def _reply(self, limit: Any) -> tuple[list[str], str]:
         """The pieces of `reply` (or of this request's scripted text) and the finish reason: cut to
@@ -508,6 +509,7 @@ class FakeUpstream:
         self._requests: list[Received] = []
         self._closes: list[Closed] = []
         self._ends: list[ConnectionEnd] = []
+        self.flushed = 0  # bytes of streamed answers flushed (a write the client's side took)
         self._connections: dict[IOStream, _Connection] = {}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

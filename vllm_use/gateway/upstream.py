@@ -6,6 +6,7 @@ backpressure, no proxies, no redirects (docs/gateway.md, "The upstream connectio
         exchange.status, exchange.reason, exchange.headers
         async for payload in exchange:                  # the body, de-chunked, one piece per arrival
             ...
+        await exchange.pipe(sink)                       # or the rest of it, pushed to sink(payload)
     # leaving the block: the connection goes back to the pool, or is closed
 
 Each connection is an asyncio protocol (`_Connection`) with its own buffer, on the loop Tornado runs
@@ -24,7 +25,8 @@ is clean to reuse, without peeking into a library's private state.
   `UpstreamError`.
 - **Backpressure.** The body is read only as the caller iterates: while it is busy (flushing to a
   slow client), at most `HIGH_WATER` bytes wait in our buffer, then the socket is not read, and
-  TCP pushes back to the upstream.
+  TCP pushes back to the upstream. `pipe` hands each piece to its sink as it arrives, and leaves
+  the socket unread while a future the sink returned (its client's write) is pending.
 - **Abort.** `exchange.abort()` closes the connection at once, so vLLM aborts the generation and
   frees the slot; a pending `async with` or `async for` raises `UpstreamError`; that connection is
   never reused.
@@ -44,7 +46,7 @@ import functools
 import re
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import cast
 from urllib.parse import urlsplit
@@ -63,6 +65,9 @@ _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\r\n]*)?\r\n")
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 Key = tuple[str, str, int]  # scheme, host, port
+# What `Exchange.pipe` hands each piece of a body to: None to go on, or a future that holds reading
+# until it is done.
+Sink = Callable[[bytes], "asyncio.Future[None] | None"]
 
 
 class _Dechunker:
@@ -218,6 +223,9 @@ class _Connection(asyncio.Protocol):
         self.lost = False  # the connection is gone
         self.error: Exception | None = None  # why, if not an orderly close
         self.idle_since = -1.0  # ≥ 0 while it waits in the pool
+        # Set while `Exchange.pipe` runs: what arrives goes to it at once (b"" and the error, if any,
+        # once the connection ended), not to `_chunks`.
+        self.pipe: Callable[[bytes, Exception | None], None] | None = None
 
     # --- asyncio.Protocol ---
 
@@ -230,6 +238,9 @@ class _Connection(asyncio.Protocol):
         if self.idle_since >= 0:  # nobody asked: a broken upstream; never hand this one out
             self.close()
             return
+        if self.pipe is not None:
+            self.pipe(data, None)
+            return
         self._chunks.append(data)
         self._size += len(data)
         if self._size >= HIGH_WATER and not self._paused and self.transport is not None:
@@ -239,12 +250,16 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self.eof = True
+        if self.pipe is not None:
+            self.pipe(b"", None)
         self._wake()
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.error = exc
+        if self.pipe is not None:
+            self.pipe(b"", exc)
         self._wake()
 
     # --- ours ---
@@ -470,6 +485,38 @@ class Exchange:
             return payload
         return data
 
+    async def pipe(self, sink: Sink) -> None:
+        """The rest of the body, each piece handed to `sink` from the connection's callback as it
+        arrives: no task wakes per piece, which is most of what a piece costs in a stream paced by
+        the generation (docs/performance.md). A future that `sink` returns holds reading until it is
+        done (backpressure, as iterating has it); whether it failed is the sink's business.
+
+        Returns once the body is read; raises what iterating would (`UpstreamError`), or what `sink`
+        raised. Either way the connection is left as iterating leaves it, and `__aexit__` decides
+        whether it is reused."""
+        conn = self._conn
+        if conn is None or self.complete:
+            return
+        # What arrived before: the bytes after the head, then what waits in the connection's buffer.
+        pending = self._rest + b"".join(conn._chunks)
+        self._rest = b""
+        conn._chunks.clear()
+        conn._size = 0
+        if conn._paused:
+            conn._paused = False
+            if conn.transport is not None:
+                conn.transport.resume_reading()
+        piped = _Pipe(self, conn, sink)
+        conn.pipe = piped.feed
+        if pending:
+            piped.feed(pending, None)
+        if conn.eof or conn.lost:
+            piped.feed(b"", conn.error)
+        try:
+            await piped.ended
+        finally:
+            piped.end()
+
     async def read_all(self) -> bytes:
         """The whole body."""
         return b"".join([piece async for piece in self])
@@ -484,6 +531,68 @@ class Exchange:
             self._pool._release(self._key, conn)
         else:
             conn.close()
+
+
+class _Pipe:
+    """`Exchange.pipe` while it runs. A plain object, not closures: nothing refers back to it once it
+    ended, so the sink (a handler, and what it holds) is freed when the request is, not at the
+    next garbage collection."""
+
+    __slots__ = ("_conn", "_exchange", "_held", "_sink", "ended")
+
+    def __init__(self, exchange: Exchange, conn: _Connection, sink: Sink) -> None:
+        self._exchange: Exchange | None = exchange
+        self._conn = conn
+        self._sink: Sink | None = sink
+        self._held = False  # reading is held for a future of the sink
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def feed(self, data: bytes, error: Exception | None) -> None:
+        """What the connection received (b"" and the error, if any, once it ended)."""
+        exchange, sink = self._exchange, self._sink
+        if exchange is None or sink is None:
+            return
+        try:
+            if error is not None:
+                raise UpstreamError(f"connection lost mid-body: {error!r}") from error
+            payload = exchange._take(data)
+            if payload:
+                waiting = sink(payload)
+                if waiting is not None and not waiting.done() and not self._held:
+                    self._held = True
+                    if self._conn.transport is not None:
+                        self._conn.transport.pause_reading()
+                    waiting.add_done_callback(self._resume)
+        except BaseException as exc:  # the sink's own error ends the pipe as well
+            self.end(exc)
+            return
+        if exchange._done:
+            self.end()
+
+    def _resume(self, waited: asyncio.Future[None]) -> None:
+        if not waited.cancelled():
+            waited.exception()  # retrieved: the sink learns of it on its own
+        if self._sink is not None:
+            self._release()
+
+    def _release(self) -> None:
+        conn = self._conn
+        if self._held and not conn.lost and conn.transport is not None:
+            conn.transport.resume_reading()
+        self._held = False
+
+    def end(self, error: BaseException | None = None) -> None:
+        if self._sink is None:
+            return
+        self._conn.pipe = None
+        self._release()
+        self._exchange = self._sink = None
+        if self.ended.done():  # cancelled with the task that awaited it
+            return
+        if error is None:
+            self.ended.set_result(None)
+        else:
+            self.ended.set_exception(error)
 
 
 class UpstreamPool:
