@@ -67,7 +67,6 @@ BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\n\r\n"
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _DIGITS = re.compile(r"[0-9]+")
 _HEX_DIGITS = re.compile(r"[0-9a-fA-F]+")
-_CR_OR_LF = re.compile(rb"\r|\n")
 _CONTENT_LENGTHS = re.compile(r",[ \t]*")
 # A header block every line of which Tornado's `HTTPHeaders.parse` takes as it is: a token, a colon,
 # a value of visible characters, obs-text, spaces and tabs, CRLF. Anything else (LF endings, folding,
@@ -185,13 +184,16 @@ class RequestConnection(httputil.HTTPConnection):
             self._remaining = _parse_int(headers["Content-Length"])
         else:
             self._remaining = None
-        lines = [b"HTTP/1.1 %d %s" % (code, start_line.reason.encode("latin-1"))]
-        lines.extend(f"{name}: {value}".encode("latin-1") for name, value in headers.get_all())
-        for line in lines:
-            if _CR_OR_LF.search(line):
-                raise ValueError(f"Illegal characters (CR or LF) in header: {line!r}")
+        lines = [f"HTTP/1.1 {code} {start_line.reason}"]
+        lines += [f"{name}: {value}" for name, value in headers.get_all()]
+        head = "\r\n".join(lines)
+        # The joins put len(lines) - 1 of each there: one more is a CR or LF inside a line.
+        if head.count("\r") >= len(lines) or head.count("\n") >= len(lines):
+            bad = next(line for line in lines if "\r" in line or "\n" in line)
+            self.connection.abort()  # nothing of this answer goes out, not even what follows
+            raise ValueError(f"Illegal characters (CR or LF) in header: {bad!r}")
         self.headers_written = True
-        data = b"\r\n".join(lines) + b"\r\n\r\n"
+        data = (head + "\r\n\r\n").encode("latin-1")
         if chunk:
             data += self._frame(chunk)
         return self.connection.send(data)

@@ -55,6 +55,14 @@ class Raises(tornado.web.RequestHandler):
         raise RuntimeError("the handler broke")
 
 
+class Injects(tornado.web.RequestHandler):
+    """A header name with a line break in it (Tornado checks values and reason phrases, not names)."""
+
+    def get(self) -> None:
+        self.set_header(self.get_query_argument("name"), "1")
+        self.write(b"hello")
+
+
 class Stream(tornado.web.RequestHandler):
     """GET: writes `n` pieces of 64 KiB, awaiting each flush; counts what it wrote, and whether a
     flush failed because the client left."""
@@ -98,7 +106,9 @@ class Running:
         loop.close()
 
     async def _serve(self) -> None:
-        app = tornado.web.Application([(r"/echo", Echo), (r"/raises", Raises), (r"/stream", Stream)])
+        app = tornado.web.Application(
+            [(r"/echo", Echo), (r"/raises", Raises), (r"/stream", Stream), (r"/injects", Injects)]
+        )
         self.server = GuardedHTTPServer(app, **self.options)
         [sock] = tornado.netutil.bind_sockets(0, "127.0.0.1")
         self.port = sock.getsockname()[1]
@@ -486,3 +496,17 @@ def test_repeated_headers_keep_every_value_in_order() -> None:
     assert headers.get_list("X-A") == ["1", "2", "4"]
     assert headers["X-A"] == "1,2,4"
     assert list(headers.get_all()) == [("X-A", "1"), ("X-A", "2"), ("X-A", "4"), ("X-B", "3")]
+
+
+@pytest.mark.parametrize("name", ["X-A%0D%0AX-Injected", "X-A%0AX-Injected", "X-A%0DX-Injected"])
+def test_a_line_break_in_the_head_is_never_written(
+    serve: Callable[..., Running], caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    """The connection is closed with nothing of that answer written, and the handler's error is
+    logged: a line break would end the header early and let the rest pass for headers of its own."""
+    running = serve()
+    with caplog.at_level(logging.ERROR), running.connect() as sock:
+        sock.sendall(f"GET /injects?name={name} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        answer = sock.until_closed()
+    assert answer == b""
+    assert "Illegal characters (CR or LF) in header" in caplog.text
