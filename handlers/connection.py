@@ -10,8 +10,12 @@ through `RequestConnection`, which is the `tornado.httputil.HTTPConnection` of o
 
 The rules are Tornado's, kept one by one (docs/security.md, "Connections and bodies"):
 
-- The request head is parsed by `tornado.httputil` (start line and header checks); a head larger
-  than `MAX_HEADER_BYTES` closes the connection, a malformed one is answered 400 and closed.
+- The request head is parsed by `tornado.httputil` (start line and header checks), except a header
+  block whose every line is plain (`parse_headers`: the same headers, in a third of the time; any
+  other block goes to Tornado's parser); a head larger than `MAX_HEADER_BYTES` closes the
+  connection, a malformed one is answered 400 and closed.
+- An answer's head with a line break inside a line (a header name: Tornado checks values and
+  reason phrases, not names) is not written: the connection is closed and the handler's write fails.
 - The head must be complete within the header timeout, counted from the connection's start or the
   end of the previous answer (the idle keep-alive time too); the body within the body timeout
   (a handler may change it per request), counted once from when reading it starts. Past either,
