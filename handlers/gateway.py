@@ -518,20 +518,18 @@ class RelayHandler(GatewaySurface):
     async def _relay_chunk(self, upstream: Exchange, chunk: bytes) -> bool:
         """Write one piece of the body to the client and wait for the flush (backpressure: the next
         upstream read waits for it). False: the client is gone and nothing else wants the rest."""
-        if self.session is not None:
-            self.session.append(chunk)  # attached: generation goes on without the client
-            if self._client_gone:
+        try:
+            if not self._for_client(chunk):
                 return True
-        elif self._client_gone:
+        except _ClientLeft:
             return False
         if not self._headers_sent:
             self._send_headers(upstream)
+        self.write(chunk)
         if upstream.complete:
             # The upstream's whole answer is here: `finish` sends what is still buffered in one
             # write, with a Content-Length when nothing was flushed yet (docs/gateway.md).
-            self.write(chunk)
             return True
-        self.write(chunk)
         try:
             await self.flush()
             self._flushed = True
@@ -550,12 +548,8 @@ class RelayHandler(GatewaySurface):
         tap = self._tap
         if tap is not None and not (chunk := tap.feed(chunk)):
             return None  # held back by the tap until its event is whole
-        if self.session is not None:
-            self.session.append(chunk)  # attached: generation goes on without the client
-            if self._client_gone:
-                return None
-        elif self._client_gone:
-            raise _ClientLeft
+        if not self._for_client(chunk):
+            return None
         assert self._upstream is not None
         if self._upstream.complete:
             self.write(chunk)  # the last piece: `finish` sends it
@@ -568,6 +562,16 @@ class RelayHandler(GatewaySurface):
             if self.session is None:
                 raise _ClientLeft
         return sent
+
+    def _for_client(self, chunk: bytes) -> bool:
+        """Whether `chunk` goes on to the client. An attached session keeps every piece (generation
+        goes on without the client); without one, a client that is gone ends the relay (`_ClientLeft`)."""
+        if self.session is not None:
+            self.session.append(chunk)
+            return not self._client_gone
+        if self._client_gone:
+            raise _ClientLeft
+        return True
 
     def _sent(self, sent: asyncio.Future[None]) -> None:
         if sent.cancelled() or sent.exception() is not None:
