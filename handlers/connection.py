@@ -85,7 +85,7 @@ _SIZE, _DATA, _DATA_END, _LAST = range(4)
 
 def parse_headers(block: str) -> httputil.HTTPHeaders:
     """The headers of a request head (from the end of its start line to the blank line), exactly as
-    `HTTPHeaders.parse` has them, in a fifth of its time when every line is plain (it checks each
+    `HTTPHeaders.parse` has them, in a third of its time when every line is plain (it checks each
     line with two patterns, the value's one character by character)."""
     if not _PLAIN_HEADERS.fullmatch(block):
         return httputil.HTTPHeaders.parse(block)
