@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -44,6 +45,12 @@ log = logging.getLogger(__name__)
 
 BODY_LIMIT = 1024 * 1024  # /api and /mcp; the gateway has its own 16 MiB cap
 _DECIMAL = re.compile(r"[0-9]{1,18}")  # str.isdigit() also takes "²" or "٣", which int() refuses
+
+
+def _forget_traceback(future: asyncio.Future[None]) -> None:
+    error = future.exception()
+    if error is not None:
+        error.__traceback__ = None
 
 
 @tornado.web.stream_request_body
@@ -100,6 +107,19 @@ class JsonHandler(tornado.web.RequestHandler):
             self.refuse(self._too_large_error())
             return
         self._chunks.append(chunk)
+
+    def on_connection_close(self) -> None:
+        # A request cut mid-body never reaches `finish()`, where Tornado breaks the handler's
+        # reference cycles, and makes one more: the body read fails with an exception whose
+        # traceback holds `_execute`'s frame, which holds the handler. Both are broken here, so the
+        # handler and the body it held are freed at once, not at the next full garbage collection
+        # (tests/test_http_hardening.py). The JSON surfaces render no templates: `ui` is not used.
+        super().on_connection_close()  # fails the pending body read
+        self.ui = None
+        body = getattr(self.request, "_body_future", None)
+        if body is not None and body.done() and not body.cancelled() and body.exception() is not None:
+            # After `_execute` has taken the failure (its wake-up was queued first).
+            asyncio.get_running_loop().call_soon(_forget_traceback, body)
 
     @property
     def body(self) -> bytes:
