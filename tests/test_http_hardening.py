@@ -184,9 +184,14 @@ def credential(route: str, keys: dict[str, str]) -> str:
 
 
 def live_handlers() -> int:
-    """Request handlers still alive, without collecting garbage: a handler only a reference cycle
-    keeps counts (with the body it held, it would wait for the next full collection)."""
-    return sum(1 for o in gc.get_objects() if isinstance(o, tornado.web.RequestHandler))
+    """vllm-use's request handlers still alive, without collecting garbage: a handler only a
+    reference cycle keeps counts (with the body it held, it would wait for the next full
+    collection). The fake upstream's, in its thread, are not ours."""
+    return sum(
+        1
+        for o in gc.get_objects()
+        if isinstance(o, tornado.web.RequestHandler) and type(o).__module__.startswith("handlers.")
+    )
 
 
 async def abort_upload(port: int, route: str, secret: str | None, sent: int, declared: int) -> None:
@@ -208,6 +213,74 @@ def context(tmp_path: Path) -> Iterator[Any]:
     built = app_mod.build_context(config_mod.load(args, environ={"VLLM_USE_ADMIN_TOKEN": ADMIN_TOKEN}))
     yield built
     app_mod.shutdown(built)
+
+
+@pytest.fixture
+def relaying(tmp_path: Path, upstream: FakeUpstream) -> Iterator[Any]:
+    """A context whose gateway relays to the fake upstream, for an in-process server."""
+    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--upstream", upstream.url]
+    args = config_mod.build_parser().parse_args(argv)
+    built = app_mod.build_context(config_mod.load(args, environ={"VLLM_USE_ADMIN_TOKEN": ADMIN_TOKEN}))
+    yield built
+    app_mod.shutdown(built)
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_streams_their_clients_cut_leave_no_request_handler_alive(
+    relaying: Any, upstream: FakeUpstream
+) -> None:
+    """A stream whose client leaves ends in an `UpstreamError` (the upstream connection is cut):
+    its traceback must not keep the handler alive (handlers/gateway.py, `Exchange.pipe`)."""
+    server = app_mod.make_server(relaying)
+    [sock] = tornado.netutil.bind_sockets(0, "127.0.0.1")
+    port = sock.getsockname()[1]
+    server.add_sockets([sock])
+    client = AsyncHTTPClient(force_instance=True)
+    upstream.endless = True
+    try:
+        created = await client.fetch(
+            f"http://127.0.0.1:{port}/api/keys",
+            method="POST",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            body=json.dumps({"name": "streams", "scopes": ["inference"]}),
+        )
+        secret = json.loads(created.body)["secret"]
+        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+        request = (
+            head(
+                "POST",
+                "/v1/chat/completions",
+                {
+                    "Authorization": f"Bearer {secret}",
+                    "Content-Type": "application/json",
+                    "Content-Length": str(len(body)),
+                },
+            )
+            + body.encode()
+        )
+        gc.collect()
+        gc.disable()  # what is freed below is freed by its last reference going, not by a collection
+        baseline = live_handlers()
+        for _ in range(10):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            answer = b""
+            while answer.count(b"data: ") < 3:  # the head, then pieces relayed after it
+                more = await reader.read(65536)
+                assert more, answer
+                answer += more
+            writer.close()
+            await writer.wait_closed()
+        deadline = time.monotonic() + 30
+        while live_handlers() > baseline and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert live_handlers() <= baseline
+    finally:
+        gc.enable()
+        upstream.endless = False
+        client.close()
+        server.stop()
+        await server.close_all_connections()
 
 
 @pytest.mark.gen_test(timeout=120)

@@ -507,15 +507,21 @@ class Exchange:
             if conn.transport is not None:
                 conn.transport.resume_reading()
         piped = _Pipe(self, conn, sink)
+        ended = piped.ended
+        assert ended is not None
         conn.pipe = piped.feed
         if pending:
             piped.feed(pending, None)
         if conn.eof or conn.lost:
             piped.feed(b"", conn.error)
         try:
-            await piped.ended
+            await ended
         finally:
             piped.end()
+            # An error raised here has this frame in its traceback: without its future, the frame
+            # holds nothing that holds the error (a cycle would keep the caller, a handler, alive
+            # until the next full garbage collection).
+            del ended, piped
 
     async def read_all(self) -> bytes:
         """The whole body."""
@@ -545,7 +551,9 @@ class _Pipe:
         self._conn = conn
         self._sink: Sink | None = sink
         self._held = False  # reading is held for a future of the sink
-        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Resolved by `end`, then let go: an error it holds has `feed`'s frame, and so this object,
+        # in its traceback.
+        self.ended: asyncio.Future[None] | None = asyncio.get_running_loop().create_future()
 
     def feed(self, data: bytes, error: Exception | None) -> None:
         """What the connection received (b"" and the error, if any, once it ended)."""
@@ -587,12 +595,13 @@ class _Pipe:
         self._conn.pipe = None
         self._release()
         self._exchange = self._sink = None
-        if self.ended.done():  # cancelled with the task that awaited it
+        ended, self.ended = self.ended, None
+        if ended is None or ended.done():  # cancelled with the task that awaited it
             return
         if error is None:
-            self.ended.set_result(None)
+            ended.set_result(None)
         else:
-            self.ended.set_exception(error)
+            ended.set_exception(error)
 
 
 class UpstreamPool:
